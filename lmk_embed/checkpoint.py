@@ -1,0 +1,249 @@
+"""Writing checkpoints that satisfy the checkpoint contract (not shipped inside checkpoints).
+
+A checkpoint folder holds config.json (with `auto_map`), model.safetensors, the tokenizer files,
+the family's flat .py files (copied from this package, so they are never stale), and the
+sentence-transformers files: modules.json, config_sentence_transformers.json and the
+`st_module.EmbedderModule` config.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+# The flat files each family ships, and the auto classes they provide.
+FAMILIES = {
+    "lmk_embedder": {
+        "files": ["configuration_lmk.py", "modeling_lmk.py", "tokenization_lmk.py", "encoding.py", "st_module.py"],
+        "auto_map": {
+            "AutoConfig": "configuration_lmk.LMKConfig",
+            "AutoModel": "modeling_lmk.LMKModel",
+            "AutoTokenizer": [None, "tokenization_lmk.LMKTokenizer"],
+        },
+        "tokenizer_class": "LMKTokenizer",
+    },
+    "recurrent_embedder": {
+        "files": [
+            "configuration_recurrent.py",
+            "modeling_recurrent.py",
+            "tokenization_recurrent.py",
+            "encoding.py",
+            "st_module.py",
+        ],
+        "auto_map": {
+            "AutoConfig": "configuration_recurrent.RecurrentEmbedConfig",
+            "AutoModel": "modeling_recurrent.RecurrentEmbedModel",
+            "AutoTokenizer": [None, "tokenization_recurrent.RecurrentEmbedTokenizer"],
+        },
+        "tokenizer_class": "RecurrentEmbedTokenizer",
+    },
+}
+ST_MODULE_TYPE = "st_module.EmbedderModule"
+ST_NORMALIZE_TYPE = "sentence_transformers.base.modules.normalize.Normalize"
+
+
+def family_of(folder: str | Path) -> str:
+    """The family (`model_type`) recorded in a checkpoint's config.json."""
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; is it a checkpoint folder?")
+    model_type = json.loads(config_path.read_text()).get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(f"{folder}: model_type {model_type!r} is not one of our families {sorted(FAMILIES)}.")
+    return model_type
+
+
+def write_shipped_code(folder: str | Path, family: str) -> list[str]:
+    """Copy the family's flat .py files from this package into `folder`; returns their names."""
+    files = FAMILIES[family]["files"]
+    for name in files:
+        shutil.copyfile(PACKAGE_DIR / name, Path(folder) / name)
+    return files
+
+
+def _update_json(path: Path, **updates) -> None:
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(updates)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_sentence_transformers_files(folder: str | Path, *, normalize: bool, prompts: dict[str, str]) -> None:
+    """modules.json (our module, then Normalize when the model normalises) and its configs."""
+    folder = Path(folder)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_MODULE_TYPE}]
+    if normalize:
+        modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": ST_NORMALIZE_TYPE})
+        (folder / "1_Normalize").mkdir(exist_ok=True)
+        (folder / "1_Normalize" / "config.json").write_text("{}\n")
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    st_config = {
+        "model_type": "SentenceTransformer",
+        "prompts": prompts,
+        "default_prompt_name": None,
+        "similarity_fn_name": "cosine",
+    }
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2) + "\n")
+    family = json.loads((folder / "config.json").read_text())["model_type"]
+    (folder / "embedder_module_config.json").write_text(json.dumps({"family": family}, indent=2) + "\n")
+
+
+def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
+    """Write `model` + `tokenizer` as a complete checkpoint folder (see the module docstring)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    family = model.config.model_type
+    spec = FAMILIES[family]
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    write_shipped_code(folder, family)
+    _update_json(folder / "config.json", auto_map=spec["auto_map"])
+    _update_json(
+        folder / "tokenizer_config.json",
+        auto_map={"AutoTokenizer": spec["auto_map"]["AutoTokenizer"]},
+        tokenizer_class=spec["tokenizer_class"],
+    )
+    write_sentence_transformers_files(folder, normalize=model.config.normalize, prompts=model.sentence_transformers_prompts())
+    return folder
+
+
+def load_source_backbone(source: str | Path, **kwargs):
+    """The base model (any task head dropped) of a local folder or a Hub id."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(str(source), **kwargs)
+
+
+def hub_id_or_none(source: str | Path) -> str | None:
+    """`source` if it names a Hub repository rather than a local folder."""
+    return None if Path(source).exists() else str(source)
+
+
+def backbone_config_dict(backbone) -> dict:
+    """The backbone's config as a dict, without the local path it was loaded from."""
+    config = backbone.config.to_dict()
+    config.pop("_name_or_path", None)
+    return config
+
+
+def copy_backbone_weights(target: torch.nn.Module, source: torch.nn.Module, ignore_prefixes=("pooler.",)) -> None:
+    """Load `source`'s weights into `target`, failing loudly on any missing weight."""
+    result = target.load_state_dict(source.state_dict(), strict=False)
+    unexpected = [key for key in result.unexpected_keys if not key.startswith(ignore_prefixes)]
+    if result.missing_keys or unexpected:
+        raise ValueError(f"Backbone weights do not match: missing={result.missing_keys}, unexpected={unexpected}.")
+
+
+def convert_to_lmk(
+    source: str | Path,
+    output_dir: str | Path,
+    *,
+    pooling: str = "lmk",
+    granularity: int = 128,
+    splitter: str = "fixed",
+    granularities=(32, 64, 128, 256),
+    normalize: bool = True,
+    landmark_token: str = "sep",
+    max_length: int | None = None,
+    seed: int = 0,
+    base_model: str | None = None,
+) -> Path:
+    """Turn an encoder checkpoint (local folder, or a Hub id where the Hub is reachable) into an LMK checkpoint.
+
+    `base_model` is the Hub id recorded for model cards; by default `source` when it is not a local folder.
+    """
+    from .configuration_lmk import LMKConfig
+    from .modeling_lmk import LMKModel
+    from .tokenization_lmk import LMKTokenizer
+
+    backbone = load_source_backbone(source)
+    config = LMKConfig(
+        backbone_config=backbone_config_dict(backbone),
+        base_model=base_model if base_model is not None else hub_id_or_none(source),
+        pooling=pooling,
+        granularity=granularity,
+        splitter=splitter,
+        granularities=list(granularities),
+        splitter_seed=seed,
+        landmark_token=landmark_token,
+        normalize=normalize,
+        max_length=max_length,
+    )
+    torch.manual_seed(seed)  # the latent-attention pooler is the only new weight
+    model = LMKModel(config)
+    copy_backbone_weights(model.backbone, backbone)
+    tokenizer = LMKTokenizer.from_pretrained(str(source), **config.tokenizer_options())
+    _ = tokenizer.landmark_token_id  # fails here, clearly, for a tokenizer with neither SEP nor EOS
+    model.tokenizer = tokenizer
+    return save_checkpoint(model, tokenizer, output_dir)
+
+
+def install_in_hub_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str | None = None) -> str:
+    """Lay `folder` out as a Hub cache entry so `repo_id` resolves offline (`HF_HUB_OFFLINE=1`).
+
+    Writes `cache_dir/models--org--name/snapshots/<revision>/...` and `refs/main`; returns the revision.
+    """
+    import hashlib
+
+    if repo_id.count("/") != 1:
+        raise ValueError(f"`repo_id` must look like 'org/name', got {repo_id!r}.")
+    folder = Path(folder)
+    if revision is None:  # a stable 40-hex id derived from the files' bytes
+        digest = hashlib.sha1()
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(folder)).encode())
+            digest.update(path.read_bytes())
+        revision = digest.hexdigest()
+    repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / revision
+    if snapshot.exists():
+        shutil.rmtree(snapshot)
+    shutil.copytree(folder, snapshot)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(revision)
+    return revision
+
+
+def convert_to_recurrent(
+    source: str | Path,
+    output_dir: str | Path,
+    *,
+    schedule: str = "auto",
+    block_size: int = 4096,
+    ssd_chunk_size: int = 64,
+    normalize: bool = True,
+    add_bos_token: bool = False,
+    max_length: int | None = None,
+    default_task: str | None = None,
+    base_model: str | None = None,
+) -> Path:
+    """Turn a recurrent causal LM (Mamba2, xLSTM, RWKV; folder or Hub id) into an embedder checkpoint.
+
+    The LM head is dropped: `AutoModel` loads the base model only.
+    """
+    from .configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig
+    from .modeling_recurrent import RecurrentEmbedModel
+    from .tokenization_recurrent import RecurrentEmbedTokenizer
+
+    backbone = load_source_backbone(source)
+    config = RecurrentEmbedConfig(
+        backbone_config=backbone_config_dict(backbone),
+        schedule=schedule,
+        block_size=block_size,
+        ssd_chunk_size=ssd_chunk_size,
+        normalize=normalize,
+        add_bos_token=add_bos_token,
+        max_length=max_length,
+        default_task=default_task or DEFAULT_TASK,
+        base_model=base_model if base_model is not None else hub_id_or_none(source),
+    )
+    model = RecurrentEmbedModel(config)
+    copy_backbone_weights(model.backbone, backbone, ignore_prefixes=())
+    tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(source), **config.tokenizer_options())
+    _ = tokenizer.eos_id, tokenizer.prefix_ids  # fail here, clearly, without EOS (or BOS when asked for)
+    model.tokenizer = tokenizer
+    return save_checkpoint(model, tokenizer, output_dir)

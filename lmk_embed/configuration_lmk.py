@@ -1,0 +1,81 @@
+"""Configuration of `LMKModel`: an encoder backbone (nested config) plus the pooling defaults."""
+
+from __future__ import annotations
+
+from transformers import AutoConfig, PretrainedConfig
+from transformers.configuration_utils import SubConfigSpec
+
+POOLINGS = ("lmk", "cls", "mean", "mean@k", "multi_cls", "latent_attention")
+SPLITTERS = ("fixed", "variable", "sentence")
+DEFAULT_GRANULARITIES = (32, 64, 128, 256)
+
+
+class LMKConfig(PretrainedConfig):
+    r"""
+    backbone_config: the encoder's config (ModernBERT, BERT, XLM-RoBERTa, ... any `AutoModel` encoder).
+    pooling: `lmk` (landmark mean, the default), `cls`, `mean`, `mean@k`, `multi_cls` or `latent_attention`.
+    granularity: g, the content tokens per chunk at inference (and k for `mean@k`).
+    splitter: `fixed`, `variable` (g drawn per training batch from `granularities`) or `sentence`.
+        At inference `variable` uses `granularity`; `encode()` can override both per call.
+    splitter_seed: seed of the `variable` draws.
+    landmark_token: `sep` (SEP, or EOS without SEP), `eos`, or a literal token.
+    normalize: L2-normalise embeddings by default.
+    max_length: default token budget, landmarks included (None: the tokenizer's / backbone's limit).
+    num_latents, latent_heads: the latent-attention pooler (NV-Embed: 512 latents; 64 is lighter).
+    query_prompt, document_prompt: prepended by `encode_query` / `encode_document`.
+    base_model: the Hub id the backbone came from, when known (for model cards).
+    """
+
+    model_type = "lmk_embedder"
+    sub_configs_defaults = {"backbone_config": SubConfigSpec(AutoConfig, model_type="modernbert")}
+
+    backbone_config: dict | PretrainedConfig | None = None
+    pooling: str = "lmk"
+    granularity: int = 128
+    splitter: str = "fixed"
+    granularities: list[int] | tuple[int, ...] = DEFAULT_GRANULARITIES
+    splitter_seed: int = 0
+    landmark_token: str = "sep"
+    normalize: bool = True
+    max_length: int | None = None
+    num_latents: int = 64
+    latent_heads: int = 8
+    query_prompt: str = ""
+    document_prompt: str = ""
+    base_model: str | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.check()
+
+    def check(self) -> None:
+        """Raise a ValueError naming the field for any bad value (also run by the model, since
+        `from_pretrained(..., pooling=...)` sets fields after `__post_init__`)."""
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"Unknown `pooling` {self.pooling!r}; expected one of {list(POOLINGS)}.")
+        if self.splitter not in SPLITTERS:
+            raise ValueError(f"Unknown `splitter` {self.splitter!r}; expected one of {list(SPLITTERS)}.")
+        for name, value in [("granularity", self.granularity), *(("granularities", g) for g in self.granularities)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must hold positive integers, got {value!r}.")
+        self.granularities = [int(g) for g in self.granularities]
+        if self.max_length is not None and self.max_length < 3:
+            raise ValueError(f"`max_length` must be at least 3 ([CLS], one token, a landmark), got {self.max_length}.")
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.backbone_config.hidden_size)
+
+    def tokenizer_options(self) -> dict:
+        """The same defaults, as the tokenizer reads them from tokenizer_config.json."""
+        return {
+            "lmk_pooling": self.pooling,
+            "lmk_granularity": self.granularity,
+            "lmk_splitter": self.splitter,
+            "lmk_granularities": list(self.granularities),
+            "lmk_seed": self.splitter_seed,
+            "lmk_landmark_token": self.landmark_token,
+        }
+
+
+__all__ = ["LMKConfig"]

@@ -1,0 +1,250 @@
+"""The one `encode()` engine shared by both model families.
+
+The engine owns everything that does not depend on the architecture: argument checks,
+length-sorted batching with the original order restored, the progress bar, inference
+mode, device placement, normalisation, output conversion and the truncation warning.
+
+A family plugs in by subclassing `EncoderMixin` and implementing:
+
+- `_prepare_encode(**options) -> dict`: check and resolve the per-call options once.
+- `_embed_texts(texts, plan) -> torch.Tensor [b, D]` (or, for `output_value="landmarks"`,
+  a list of `(vectors [n_i, D], spans)` pairs): tokenize, run its forward schedule, pool.
+- `_embed_stream(source, plan) -> torch.Tensor [D]` (optional): one document given as an
+  iterator of text pieces or a `pathlib.Path`; set `supports_streaming = True`.
+
+The family reports truncated inputs by incrementing `plan["num_truncated"]`; the engine
+warns once per call.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+try:  # tqdm is a dependency of transformers, but keep the shipped file importable without it
+    from tqdm.auto import tqdm
+except ImportError:  # pragma: no cover
+    tqdm = None
+
+# Show a progress bar by default from this many batches on.
+PROGRESS_MIN_BATCHES = 8
+
+
+def check_positive_int(name: str, value) -> int:
+    """Return `value` as an int, or raise naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` must be a positive integer, got {value!r} ({type(value).__name__}).")
+    if value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {value}.")
+    return int(value)
+
+
+def check_choice(name: str, value, choices) -> str:
+    """Return `value` if it is one of `choices`, or raise naming the argument."""
+    if value not in choices:
+        raise ValueError(f"Unknown `{name}` {value!r}; expected one of {sorted(choices)}.")
+    return value
+
+
+def is_stream(item) -> bool:
+    """A streamed document: a `pathlib.Path` (any `os.PathLike`) or an iterator of text pieces.
+
+    Plain strings are always texts, never paths; lists, tuples and other sized sequences are batches.
+    """
+    return isinstance(item, (os.PathLike, Iterator))
+
+
+def _as_batch(texts, allow_streams: bool) -> tuple[bool, list]:
+    """Normalise the `texts` argument to `(is_single, items)`, raising on bad input."""
+    if texts is None:
+        raise TypeError("`texts` must be a string or a list of strings, got None.")
+    if isinstance(texts, str):
+        return True, [texts]
+    if is_stream(texts):
+        if allow_streams:
+            return True, [texts]
+        raise TypeError(
+            f"`texts` must be a string or a list of strings, got {type(texts).__name__}; "
+            "iterators and paths are streamed documents, which only recurrent models accept."
+        )
+    if isinstance(texts, (bytes, dict)) or not (hasattr(texts, "__len__") and hasattr(texts, "__getitem__")):
+        raise TypeError(f"`texts` must be a string or a list of strings, got {type(texts).__name__}.")
+    items = texts.tolist() if isinstance(texts, np.ndarray) else list(texts)
+    for index, item in enumerate(items):
+        if isinstance(item, str) or (allow_streams and is_stream(item)):
+            continue
+        expected = "a string, a pathlib.Path or an iterator of strings" if allow_streams else "a string"
+        raise TypeError(f"`texts[{index}]` must be {expected}, got {type(item).__name__}.")
+    return False, items
+
+
+# A whitespace run that starts after a non-space character: a safe place to cut a text.
+_SAFE_CUT = re.compile(r"(?<=\S)\s")
+_CUT_WINDOW = 4096
+# Texts longer than this many characters per token of budget are cut before tokenizing.
+_CHARS_PER_TOKEN_BOUND = 8
+
+
+def last_safe_cut(text: str) -> int:
+    """The last position where a whitespace run starts after a non-space character (0: none).
+
+    No token of a whitespace/punctuation-splitting pre-tokenizer (WordPiece, byte-level BPE,
+    Metaspace) spans such a position, so the text before it tokenizes the same on its own.
+    Only the last few thousand characters are searched.
+    """
+    last = 0
+    for match in _SAFE_CUT.finditer(text, max(len(text) - _CUT_WINDOW, 0)):
+        last = match.start()
+    return last
+
+
+def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
+    """One Rust pass over `texts` without special tokens (literal "[SEP]", "</s>" stay plain text).
+
+    `tokenizer` is a fast tokenizer; returns its `tokenizers.Encoding`s, never truncated or padded.
+    With `max_tokens`, a very long text is tokenized from a prefix cut at a safe place that still
+    yields more than `max_tokens` tokens: its first tokens are the same, and the caller still sees
+    that the text exceeds the budget.
+    """
+    backend = tokenizer._tokenizer
+    saved = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    try:
+        if max_tokens is None:
+            return backend.encode_batch(texts, add_special_tokens=False)
+        limit = _CHARS_PER_TOKEN_BOUND * (max_tokens + 1)
+        prefixes = []
+        for text in texts:
+            cut = last_safe_cut(text[:limit]) if len(text) > limit else 0
+            prefixes.append(text[:cut] if cut else text)
+        encodings = backend.encode_batch(prefixes, add_special_tokens=False)
+        for index, (text, prefix, encoding) in enumerate(zip(texts, prefixes, encodings)):
+            if len(prefix) < len(text) and len(encoding.ids) <= max_tokens:  # rare: very long tokens
+                encodings[index] = backend.encode(text, add_special_tokens=False)
+        return encodings
+    finally:
+        backend.encode_special_tokens = saved
+
+
+class EncoderMixin:
+    """Adds `encode()`-style batching to a family model. See the module docstring."""
+
+    supports_streaming: bool = False
+    output_values: tuple[str, ...] = ("embedding",)
+
+    # Families implement these.
+    def _prepare_encode(self, **options) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _embed_texts(self, texts: list[str], plan: dict):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _embed_stream(self, source, plan: dict) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _embedding_dim(self) -> int:
+        return int(self.config.embedding_dim)
+
+    def _run_encode(
+        self,
+        texts,
+        *,
+        batch_size: int,
+        normalize: bool | None,
+        prompt: str | None,
+        show_progress_bar: bool | None,
+        convert_to_tensor: bool,
+        device,
+        output_value: str,
+        options: dict,
+    ):
+        """Encode `texts` and return `[N, D]` float32 (numpy, or a tensor), `[D]` for one text.
+
+        `output_value="landmarks"` returns, per text, `{"embeddings": [n_i, D], "spans": [(start, end), ...]}`.
+        """
+        is_single, items = _as_batch(texts, allow_streams=self.supports_streaming)
+        batch_size = check_positive_int("batch_size", batch_size)
+        check_choice("output_value", output_value, self.output_values)
+        if prompt is not None and not isinstance(prompt, str):
+            raise TypeError(f"`prompt` must be a string or None, got {type(prompt).__name__}.")
+        normalize = bool(self.config.normalize if normalize is None else normalize)
+        plan = self._prepare_encode(prompt=prompt, output_value=output_value, **options)
+        plan["num_truncated"] = 0
+        if device is not None:
+            self.to(device)
+
+        if not items:
+            if output_value != "embedding":
+                return []
+            empty = torch.zeros(0, self._embedding_dim())
+            return empty if convert_to_tensor else empty.numpy()
+
+        stream_ids = [i for i, item in enumerate(items) if not isinstance(item, str)]
+        text_ids = [i for i, item in enumerate(items) if isinstance(item, str)]
+        # Longest first: similar lengths share a batch, and a too-large batch fails at once.
+        text_ids.sort(key=lambda i: -len(items[i]))
+        batches = [text_ids[s : s + batch_size] for s in range(0, len(text_ids), batch_size)]
+        units = [("stream", [i]) for i in stream_ids] + [("texts", b) for b in batches]
+
+        if show_progress_bar is None:
+            show_progress_bar = len(units) >= PROGRESS_MIN_BATCHES
+        progress = tqdm(total=len(items), desc="Encoding", unit="text", disable=not show_progress_bar) if tqdm else None
+
+        results: list = [None] * len(items)
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.inference_mode():
+                for kind, ids in units:
+                    if kind == "stream":
+                        results[ids[0]] = self._embed_stream(items[ids[0]], plan).float()[None]
+                    else:
+                        out = self._embed_texts([items[i] for i in ids], plan)
+                        if output_value == "embedding":
+                            out = out.float()
+                            for row, i in enumerate(ids):
+                                results[i] = out[row : row + 1]
+                        else:
+                            for (vectors, spans), i in zip(out, ids):
+                                results[i] = (vectors.float(), spans)
+                    if progress is not None:
+                        progress.update(len(ids))
+        finally:
+            self.train(was_training)
+            if progress is not None:
+                progress.close()
+
+        if plan["num_truncated"]:
+            warnings.warn(
+                f"{plan['num_truncated']} of {len(items)} texts were longer than max_length="
+                f"{plan.get('max_length')} tokens and were truncated.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+        if output_value == "embedding":
+            embeddings = torch.cat(results)
+            if normalize:
+                embeddings = F.normalize(embeddings, p=2, dim=-1)
+            if not convert_to_tensor:
+                embeddings = embeddings.cpu().numpy()
+            return embeddings[0] if is_single else embeddings
+
+        landmarks = []
+        for vectors, spans in results:
+            if normalize:
+                vectors = F.normalize(vectors, p=2, dim=-1)
+            landmarks.append(
+                {"embeddings": vectors if convert_to_tensor else vectors.cpu().numpy(), "spans": list(spans)}
+            )
+        return landmarks[0] if is_single else landmarks

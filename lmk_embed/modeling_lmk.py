@@ -1,0 +1,327 @@
+"""LMKModel: an encoder backbone with landmark pooling ("LMK > CLS", arXiv 2601.21525) and its baselines.
+
+The embedding is the mean of the final hidden states at the landmark positions (Algorithm 2),
+then optionally L2-normalised. The baselines share the same code path and differ only in the
+token layout the tokenizer builds and in the pooler module:
+
+    lmk, mean@k, multi_cls   mean over `landmark_mask`     (layouts: see tokenization_lmk.py)
+    cls                      the [CLS] state
+    mean                     mean over `attention_mask`
+    latent_attention         NV-Embed: tokens cross-attend to trainable latents, MLP, then mean
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .configuration_lmk import LMKConfig
+from .encoding import EncoderMixin, check_choice, check_positive_int
+from .tokenization_lmk import MIN_MAX_LENGTH, LMKTokenizer
+
+# Backbones whose position ids start after the padding index (RoBERTa family).
+_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
+
+
+def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `hidden_states` [B, T, D] over the positions where `mask` [B, T] is 1, in float32 -> [B, D]."""
+    weights = mask.to(torch.float32).unsqueeze(-1)
+    return (hidden_states.float() * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+class Pooling(nn.Module):
+    """Base of the poolers: forward(hidden_states [B, T, D], attention_mask [B, T], landmark_mask [B, T]) -> [B, D]."""
+
+    def __init__(self, config: LMKConfig):
+        super().__init__()
+
+
+class LandmarkPooling(Pooling):
+    """LMK (Algorithm 2): the mean of the landmark states."""
+
+    def forward(self, hidden_states, attention_mask, landmark_mask):
+        return masked_mean(hidden_states, landmark_mask)
+
+
+class MeanAtKPooling(LandmarkPooling):
+    """Mean@k: the mean of every k-th content token's state; no landmark tokens are inserted."""
+
+
+class MultiCLSPooling(LandmarkPooling):
+    """MultiCLS: a CLS opens every chunk at inference (a CLS-trained model); the mean of the CLS states."""
+
+
+class CLSPooling(Pooling):
+    """The first ([CLS]) state."""
+
+    def forward(self, hidden_states, attention_mask, landmark_mask):
+        return hidden_states[:, 0].float()
+
+
+class MeanPooling(Pooling):
+    """The mean over all non-padding tokens."""
+
+    def forward(self, hidden_states, attention_mask, landmark_mask):
+        return masked_mean(hidden_states, attention_mask)
+
+
+class LatentAttentionPooling(Pooling):
+    """NV-Embed's latent attention: each token attends to `num_latents` trainable latents
+    (keys and values), then a GELU MLP, both residual, then the mean over tokens."""
+
+    def __init__(self, config: LMKConfig):
+        super().__init__(config)
+        hidden = config.embedding_dim
+        if hidden % config.latent_heads:
+            raise ValueError(
+                f"`latent_heads`={config.latent_heads} must divide the backbone hidden size {hidden}."
+            )
+        self.latents = nn.Parameter(torch.randn(config.num_latents, hidden) * 0.02)
+        self.attention = nn.MultiheadAttention(hidden, config.latent_heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, hidden_states, attention_mask, landmark_mask):
+        latents = self.latents.to(hidden_states.dtype).unsqueeze(0).expand(hidden_states.shape[0], -1, -1)
+        attended, _ = self.attention(hidden_states, latents, latents, need_weights=False)
+        hidden_states = hidden_states + attended
+        hidden_states = hidden_states + self.mlp(hidden_states)
+        return masked_mean(hidden_states, attention_mask)
+
+
+POOLERS = {
+    "lmk": LandmarkPooling,
+    "mean@k": MeanAtKPooling,
+    "multi_cls": MultiCLSPooling,
+    "cls": CLSPooling,
+    "mean": MeanPooling,
+    "latent_attention": LatentAttentionPooling,
+}
+
+
+@dataclass
+class LMKOutput(ModelOutput):
+    """embeddings: [B, D] float32 pooled (not normalised); last_hidden_state: [B, T, D]."""
+
+    embeddings: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+
+
+class LMKPreTrainedModel(PreTrainedModel):
+    config_class = LMKConfig
+    base_model_prefix = "lmk"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # The backbone initialises itself; only the latent-attention pooler is ours. Its children
+        # are handled here because `apply` reaches the parent after them.
+        if isinstance(module, LatentAttentionPooling):
+            nn.init.normal_(module.latents, std=0.02)
+            module.attention._reset_parameters()
+            for layer in module.mlp:
+                if isinstance(layer, nn.Linear):
+                    layer.reset_parameters()
+
+
+class LMKModel(EncoderMixin, LMKPreTrainedModel):
+    """Encoder backbone + landmark pooling, with a generate-free `encode()`.
+
+    Inputs: input_ids, attention_mask, landmark_mask, all [B, T] (from `LMKTokenizer`).
+    """
+
+    output_values = ("embedding", "landmarks")
+    forward_input_names = ("input_ids", "attention_mask", "landmark_mask")
+
+    def __init__(self, config: LMKConfig):
+        super().__init__(config)
+        config.check()
+        try:  # BERT-style poolers are never used: leave them out (DDP needs every parameter used)
+            self.backbone = AutoModel.from_config(config.backbone_config, add_pooling_layer=False)
+        except TypeError:
+            self.backbone = AutoModel.from_config(config.backbone_config)
+        self.pooler = POOLERS[config.pooling](config)
+        self._tokenizer = None
+        self.post_init()
+
+    # ---- tokenizer ----------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> LMKTokenizer:
+        """The checkpoint's landmark tokenizer, loaded on first use."""
+        if self._tokenizer is None:
+            if not self.name_or_path:
+                raise ValueError("This model has no tokenizer: set `model.tokenizer = LMKTokenizer.from_pretrained(...)`.")
+            self._tokenizer = LMKTokenizer.from_pretrained(self.name_or_path)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    # ---- forward ------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        landmark_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> LMKOutput:
+        """input_ids / attention_mask / landmark_mask: [B, T] -> LMKOutput(embeddings [B, D])."""
+        if attention_mask is None:
+            reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
+            attention_mask = torch.ones(reference.shape[:2], dtype=torch.long, device=reference.device)
+        if landmark_mask is None and isinstance(self.pooler, LandmarkPooling):
+            raise ValueError(f"`landmark_mask` is required for pooling={self.config.pooling!r}; use LMKTokenizer.")
+        hidden_states = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+        ).last_hidden_state
+        embeddings = self.pooler(hidden_states, attention_mask, landmark_mask)
+        return LMKOutput(embeddings=embeddings, last_hidden_state=hidden_states)
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    def default_max_length(self) -> int | None:
+        """config.max_length, else the smaller of the tokenizer's and the backbone's position limit."""
+        if self.config.max_length is not None:
+            return int(self.config.max_length)
+        backbone = self.config.backbone_config
+        limits = [self.tokenizer.default_max_length()]
+        positions = getattr(backbone, "max_position_embeddings", None)
+        if positions is not None:
+            offset = (backbone.pad_token_id or 0) + 1 if backbone.model_type in _PADDING_OFFSET_POSITIONS else 0
+            limits.append(int(positions) - offset)
+        limits = [limit for limit in limits if limit is not None]
+        return min(limits) if limits else None
+
+    def _tokenize(self, texts, *, prompt=None, granularity=None, splitter=None, max_length=None, training=False,
+                  with_spans=False):
+        pooling = self.config.pooling
+        splitter = self.config.splitter if splitter is None else splitter
+        if training:
+            if pooling == "multi_cls":  # MultiCLS adds its extra CLS tokens at inference only
+                pooling = "cls"
+        elif splitter == "variable":  # drawing g is for training; inference uses the configured g
+            splitter = "fixed"
+        if granularity is None and splitter != "variable":
+            granularity = self.config.granularity
+        return self.tokenizer.build_layout(
+            texts,
+            pooling=pooling,
+            granularity=granularity,
+            splitter=splitter,
+            max_length=self.default_max_length() if max_length is None else max_length,
+            prompt=prompt,
+            with_spans=with_spans,
+        )
+
+    def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool = False, **options):
+        """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module)."""
+        return self._tokenize(texts, prompt=prompt, training=training, **options).tensors()
+
+    # ---- encode -------------------------------------------------------------------------------
+
+    def encode(
+        self,
+        texts,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        granularity: int | None = None,
+        splitter: str | None = None,
+        normalize: bool | None = None,
+        prompt: str | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_tensor: bool = False,
+        device: str | torch.device | None = None,
+        output_value: str = "embedding",
+    ):
+        """Embed `texts` (a string or a list of strings).
+
+        Returns float32 `[N, D]` (numpy, or a tensor with `convert_to_tensor=True`), `[D]` for one
+        string. `granularity` / `splitter` override the config for this call; `normalize=None`
+        follows `config.normalize`. `output_value="landmarks"` returns, per text,
+        `{"embeddings": [n_landmarks, D], "spans": [(start, end), ...]}`: the vector of each
+        landmark and the character span of the chunk it closes (chunk vectors from one pass).
+        """
+        return self._run_encode(
+            texts,
+            batch_size=batch_size,
+            normalize=normalize,
+            prompt=prompt,
+            show_progress_bar=show_progress_bar,
+            convert_to_tensor=convert_to_tensor,
+            device=device,
+            output_value=output_value,
+            options={"max_length": max_length, "granularity": granularity, "splitter": splitter},
+        )
+
+    def sentence_transformers_prompts(self) -> dict[str, str]:
+        """The prompts written to config_sentence_transformers.json."""
+        return {"query": self.config.query_prompt, "document": self.config.document_prompt}
+
+    def encode_query(self, queries, **kwargs):
+        """`encode` with `config.query_prompt` prepended."""
+        return self.encode(queries, prompt=self.config.query_prompt or None, **kwargs)
+
+    def encode_document(self, documents, **kwargs):
+        """`encode` with `config.document_prompt` prepended."""
+        return self.encode(documents, prompt=self.config.document_prompt or None, **kwargs)
+
+    def _prepare_encode(self, *, prompt, output_value, max_length, granularity, splitter) -> dict:
+        if granularity is not None:
+            check_positive_int("granularity", granularity)
+        if splitter is not None:
+            check_choice("splitter", splitter, ("fixed", "variable", "sentence"))
+        if max_length is not None:
+            check_positive_int("max_length", max_length)
+            if max_length < MIN_MAX_LENGTH:
+                raise ValueError(
+                    f"`max_length`={max_length} is too small: it must hold [CLS], one token and a landmark "
+                    f"(at least {MIN_MAX_LENGTH})."
+                )
+        if output_value == "landmarks" and self.config.pooling not in ("lmk", "mean@k"):
+            raise ValueError(
+                f"`output_value='landmarks'` needs chunk-aligned pooling (lmk, mean@k), not {self.config.pooling!r}."
+            )
+        if self.config.pooling == "lmk":
+            _ = self.tokenizer.landmark_token_id  # raises a clear error for a tokenizer without SEP/EOS
+        return {
+            "prompt": prompt,
+            "output_value": output_value,
+            "max_length": self.default_max_length() if max_length is None else max_length,
+            "granularity": granularity,
+            "splitter": splitter,
+        }
+
+    def _embed_texts(self, texts: list[str], plan: dict):
+        with_spans = plan["output_value"] == "landmarks"
+        batch = self._tokenize(
+            texts,
+            prompt=plan["prompt"],
+            granularity=plan["granularity"],
+            splitter=plan["splitter"],
+            max_length=plan["max_length"],
+            with_spans=with_spans,
+        )
+        plan["num_truncated"] += int(batch.truncated.sum())
+        features = batch.tensors(self.device)
+        output = self(**features)
+        if not with_spans:
+            return output.embeddings
+        hidden, mask = output.last_hidden_state, features["landmark_mask"].bool()
+        return [(hidden[row][mask[row]], batch.spans[row]) for row in range(len(texts))]
+
+
+__all__ = ["LMKModel", "LMKPreTrainedModel", "LMKOutput", "POOLERS"]

@@ -1,0 +1,76 @@
+"""An offline long-document retrieval corpus: Python's standard-library documentation.
+
+Each module's page, rendered by `pydoc` as plain text, is a document; the first line of its
+docstring (its synopsis) is the query. The synopsis is removed from the page, so the query
+never occurs verbatim in its document. Nothing is downloaded: the pages come from the running
+interpreter, so the corpus is always available (its exact content follows the Python version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import pydoc
+import sys
+import warnings
+from dataclasses import dataclass
+
+# Modules with side effects on import (a browser, a printed poem, GUI or packaging tools).
+SKIPPED_MODULES = frozenset(
+    {
+        "antigravity", "this", "idlelib", "turtledemo", "tkinter", "turtle", "lib2to3", "ensurepip",
+        "venv", "pydoc_data", "msilib", "winreg", "winsound", "msvcrt", "nt",
+    }
+)
+MIN_SYNOPSIS_WORDS = 3
+
+
+@dataclass(frozen=True)
+class ModulePage:
+    name: str
+    synopsis: str
+    text: str
+
+
+def synopsis_of(obj) -> str:
+    """The first line of an object's docstring, or ''."""
+    doc = inspect.getdoc(obj) or ""
+    return doc.strip().splitlines()[0].strip() if doc.strip() else ""
+
+
+def import_quietly(name: str):
+    """Import a module with its warnings and prints silenced; None when it cannot be imported."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            return importlib.import_module(name)
+        except Exception:  # a module that needs a platform feature we lack
+            return None
+
+
+def render_page(obj) -> str:
+    """pydoc's plain-text page of `obj`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pydoc.render_doc(obj, renderer=pydoc.plaintext)
+
+
+def stdlib_module_names() -> list[str]:
+    return sorted(n for n in sys.stdlib_module_names if not n.startswith("_") and n not in SKIPPED_MODULES)
+
+
+def module_pages() -> list[ModulePage]:
+    """Every importable public stdlib module with a synopsis of at least three words, sorted by name."""
+    pages = []
+    for name in stdlib_module_names():
+        module = import_quietly(name)
+        if module is None:
+            continue
+        synopsis = synopsis_of(module)
+        if len(synopsis.split()) < MIN_SYNOPSIS_WORDS:
+            continue
+        text = render_page(module).replace(synopsis, " ")
+        pages.append(ModulePage(name, synopsis, text))
+    return pages

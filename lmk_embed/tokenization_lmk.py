@@ -1,0 +1,398 @@
+"""Landmark tokenizer: Algorithm 1 of "LMK > CLS: Landmark Pooling for Dense Embeddings" (arXiv 2601.21525).
+
+    [CLS] z1 [LMK] z2 [LMK] ... zn [LMK]
+
+The text is tokenized once without special tokens (literal "[SEP]" or "</s>" in the text stays
+plain text), split into chunks z_i of g content tokens, and a landmark (the SEP token, or EOS
+when there is no SEP) closes every chunk. The landmarks count against `max_length`; a truncated
+sequence still ends with a landmark. `landmark_mask` marks the positions the pooler averages.
+
+Layouts for the baselines, chosen by `pooling`:
+
+    lmk               [CLS] z1 [LMK] ... zn [LMK]        pool: the landmarks
+    cls               [CLS] text [SEP]                   pool: [CLS]
+    mean              [CLS] text [SEP]                   pool: every token
+    latent_attention  [CLS] text [SEP]                   pool: every token (after the latent layer)
+    mean@k            [CLS] text [SEP]                   pool: the last token of every k-chunk (k = g)
+    multi_cls         [CLS] z1 [CLS] z2 ... zn [SEP]     pool: every [CLS]
+
+Splitters: `fixed` (chunks of g), `variable` (g drawn per call from a seeded set: for training)
+and `sentence` (a landmark after each sentence, long sentences still split at g; sentence ends
+are mapped to tokens through the offsets of the single tokenization pass).
+
+Everything after the one call into the Rust tokenizer is vectorised over the flat batch.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import warnings
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+from transformers import BatchEncoding, PreTrainedTokenizerFast
+
+from .configuration_lmk import DEFAULT_GRANULARITIES, POOLINGS, SPLITTERS
+from .encoding import encode_content
+
+MIN_MAX_LENGTH = 3  # [CLS] + one token + a landmark
+# Tokenizers without a real limit report a huge sentinel as model_max_length.
+NO_LIMIT = 10**12
+
+# A sentence ends after terminal punctuation (plus closing quotes or brackets) followed by
+# whitespace or the end of the text, or at a blank line.
+SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s|$)|\n[ \t]*\n")
+
+
+@dataclass
+class LandmarkBatch:
+    """A padded (right) batch in landmark layout.
+
+    input_ids, attention_mask, landmark_mask: int64 [B, T]
+    truncated: bool [B], True where the text did not fit in max_length
+    spans: per text, the (start, end) character span of the chunk each pooled position closes
+        (only for chunk-aligned poolings, and only when asked for)
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    landmark_mask: np.ndarray
+    truncated: np.ndarray
+    granularity: int
+    max_length: int | None
+    spans: list[list[tuple[int, int]]] | None = None
+
+    def tensors(self, device=None) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": torch.from_numpy(self.input_ids).to(device),
+            "attention_mask": torch.from_numpy(self.attention_mask).to(device),
+            "landmark_mask": torch.from_numpy(self.landmark_mask).to(device),
+        }
+
+
+def _exclusive_cumsum_per_group(values: np.ndarray, group_starts: np.ndarray, group_of: np.ndarray) -> np.ndarray:
+    """Sum of `values` before each position within its group (flat arrays, groups contiguous)."""
+    total = np.cumsum(values) - values
+    if not len(values):
+        return total
+    # An empty group's start may point past the end; no element reads it.
+    return total - total[np.minimum(group_starts, len(values) - 1)][group_of]
+
+
+class LMKTokenizer(PreTrainedTokenizerFast):
+    """A fast tokenizer whose call returns the landmark layout.
+
+    It defines no `__init__`: transformers 5.23 rebuilds the vocabulary (ignoring tokenizer.json)
+    for remote-code subclasses that do. Options live in tokenizer_config.json and are read from
+    `init_kwargs`: `lmk_pooling`, `lmk_granularity`, `lmk_splitter`, `lmk_granularities`,
+    `lmk_seed` and `lmk_landmark_token` ("sep", "eos" or a literal token).
+    """
+
+    # ---- options ---------------------------------------------------------------------------
+
+    def _option(self, name: str, default):
+        value = self.init_kwargs.get(name)
+        return default if value is None else value
+
+    @property
+    def lmk_pooling(self) -> str:
+        return self._option("lmk_pooling", "lmk")
+
+    @property
+    def lmk_granularity(self) -> int:
+        return int(self._option("lmk_granularity", 128))
+
+    @property
+    def lmk_splitter(self) -> str:
+        return self._option("lmk_splitter", "fixed")
+
+    @property
+    def lmk_granularities(self) -> tuple[int, ...]:
+        return tuple(int(g) for g in self._option("lmk_granularities", DEFAULT_GRANULARITIES))
+
+    @property
+    def landmark_token_id(self) -> int:
+        """The landmark: SEP, or EOS when the tokenizer has no SEP (`lmk_landmark_token` overrides)."""
+        choice = self._option("lmk_landmark_token", "sep")
+        if choice == "sep":
+            token_id = self.sep_token_id if self.sep_token_id is not None else self.eos_token_id
+        elif choice == "eos":
+            token_id = self.eos_token_id
+        else:
+            token_id = self.convert_tokens_to_ids(choice)
+            if token_id == self.unk_token_id and choice != self.unk_token:
+                token_id = None
+        if token_id is None:
+            raise ValueError(
+                f"The tokenizer has no landmark token: `lmk_landmark_token`={choice!r} but it has neither a SEP nor "
+                "an EOS token. Set `lmk_landmark_token` to a token in the vocabulary."
+            )
+        return int(token_id)
+
+    @property
+    def start_token_id(self) -> int | None:
+        """The token that opens every sequence: CLS, else BOS, else none."""
+        return self.cls_token_id if self.cls_token_id is not None else self.bos_token_id
+
+    @property
+    def end_token_id(self) -> int | None:
+        """The token that closes the plain layouts: SEP, else EOS."""
+        return self.sep_token_id if self.sep_token_id is not None else self.eos_token_id
+
+    def default_max_length(self) -> int | None:
+        limit = self.model_max_length
+        return int(limit) if limit is not None and limit < NO_LIMIT else None
+
+    def draw_granularity(self) -> int:
+        """One g from `lmk_granularities`, from a generator seeded with `lmk_seed` (reproducible)."""
+        rng = self.__dict__.get("_lmk_rng")
+        if rng is None:
+            rng = self.__dict__["_lmk_rng"] = random.Random(int(self._option("lmk_seed", 0)))
+        return rng.choice(self.lmk_granularities)
+
+    # ---- the public call ---------------------------------------------------------------------
+
+    def __call__(
+        self,
+        text,
+        *,
+        pooling: str | None = None,
+        granularity: int | None = None,
+        splitter: str | None = None,
+        max_length: int | None = None,
+        prompt: str | None = None,
+        padding: bool | str = True,
+        truncation: bool = True,
+        return_tensors: str | None = None,
+        return_landmark_spans: bool = False,
+        **kwargs,
+    ) -> BatchEncoding:
+        """Tokenize `text` (a string or a list of strings) into the landmark layout.
+
+        Returns a BatchEncoding with `input_ids`, `attention_mask` and `landmark_mask` (lists,
+        or tensors with `return_tensors="pt"` / `"np"`), plus `landmark_spans` when asked for.
+        """
+        if kwargs.pop("add_special_tokens", True) is not True:
+            raise ValueError("`add_special_tokens=False` is not supported: the landmark layout defines them.")
+        kwargs.pop("split_special_tokens", None)  # always True here: literal special tokens are text
+        if kwargs:
+            raise TypeError(f"LMKTokenizer.__call__ got unsupported arguments: {sorted(kwargs)}.")
+        if padding not in (True, "longest"):
+            raise ValueError(f"`padding` must be True or 'longest' (right padding to the longest), got {padding!r}.")
+        if return_tensors not in (None, "pt", "np"):
+            raise ValueError(f"`return_tensors` must be None, 'pt' or 'np', got {return_tensors!r}.")
+        single = isinstance(text, str)
+        texts = [text] if single else text
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("`text` must be a string or a list of strings.")
+        if max_length is None and truncation:
+            max_length = self.default_max_length()
+        batch = self.build_layout(
+            list(texts),
+            pooling=pooling,
+            granularity=granularity,
+            splitter=splitter,
+            max_length=max_length if truncation else None,
+            prompt=prompt,
+            with_spans=return_landmark_spans,
+        )
+        if batch.truncated.any():
+            warnings.warn(
+                f"{int(batch.truncated.sum())} of {len(texts)} texts were longer than max_length={max_length} "
+                "tokens and were truncated (the sequence still ends with a landmark).",
+                UserWarning,
+                stacklevel=2,
+            )
+        data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "landmark_mask": batch.landmark_mask}
+        if return_tensors is None:  # python lists; a single text is not batched (one row: no padding)
+            data = {key: value[0].tolist() if single else value.tolist() for key, value in data.items()}
+        encoding = BatchEncoding(data, tensor_type="pt" if return_tensors == "pt" else None)
+        if return_landmark_spans:
+            encoding["landmark_spans"] = batch.spans[0] if single else batch.spans
+        return encoding
+
+    # ---- Algorithm 1, vectorised -------------------------------------------------------------
+
+    def content_encodings(self, texts: list[str], max_tokens: int | None = None):
+        """One Rust pass over `texts` without special tokens; literal special tokens stay text."""
+        return encode_content(self, texts, max_tokens)
+
+    def resolve_granularity(self, granularity: int | None, splitter: str | None) -> tuple[int, str]:
+        """Check `granularity` / `splitter` and return the g to use (drawn for `variable`)."""
+        splitter = self.lmk_splitter if splitter is None else splitter
+        if splitter not in SPLITTERS:
+            raise ValueError(f"Unknown `splitter` {splitter!r}; expected one of {list(SPLITTERS)}.")
+        if granularity is None:
+            granularity = self.draw_granularity() if splitter == "variable" else self.lmk_granularity
+        if isinstance(granularity, bool) or not isinstance(granularity, (int, np.integer)):
+            raise TypeError(f"`granularity` must be a positive integer, got {granularity!r}.")
+        if granularity <= 0:
+            raise ValueError(f"`granularity` must be a positive integer, got {granularity}.")
+        return int(granularity), splitter
+
+    def build_layout(
+        self,
+        texts: list[str],
+        *,
+        pooling: str | None = None,
+        granularity: int | None = None,
+        splitter: str | None = None,
+        max_length: int | None = None,
+        prompt: str | None = None,
+        with_spans: bool = False,
+    ) -> LandmarkBatch:
+        """Build the padded landmark layout for `texts`. See the module docstring."""
+        pooling = self.lmk_pooling if pooling is None else pooling
+        if pooling not in POOLINGS:
+            raise ValueError(f"Unknown `pooling` {pooling!r}; expected one of {list(POOLINGS)}.")
+        g, splitter = self.resolve_granularity(granularity, splitter)
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
+                raise TypeError(f"`max_length` must be an integer, got {max_length!r}.")
+            if max_length < MIN_MAX_LENGTH:
+                raise ValueError(
+                    f"`max_length`={max_length} is too small: it must hold [CLS], one token and a landmark "
+                    f"(at least {MIN_MAX_LENGTH})."
+                )
+        chunk_aligned = pooling in ("lmk", "mean@k")
+        if with_spans and not chunk_aligned:
+            raise ValueError(f"Landmark spans exist only for chunk-aligned poolings (lmk, mean@k), not {pooling!r}.")
+        layout = {"lmk": "landmark", "multi_cls": "multi_cls"}.get(pooling, "plain")
+        marker_id = self.landmark_token_id if layout == "landmark" else self.start_token_id
+        end_id = self.end_token_id
+        start_id = self.start_token_id
+        if layout == "multi_cls" and (start_id is None or end_id is None):
+            raise ValueError("`pooling='multi_cls'` needs a CLS (or BOS) and a SEP (or EOS) token.")
+        if pooling == "cls" and start_id is None:
+            raise ValueError("`pooling='cls'` needs a CLS (or BOS) token, and the tokenizer has none.")
+        final_id = marker_id if layout == "landmark" else end_id
+        has_start = int(start_id is not None)
+
+        prefix = prompt or ""
+        full_texts = [prefix + t for t in texts] if prefix else texts
+        encodings = self.content_encodings(full_texts, max_length)
+        num_texts = len(encodings)
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=num_texts)
+        total = int(lengths.sum())
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
+        text_of = np.repeat(np.arange(num_texts), lengths)
+        text_start = np.cumsum(lengths) - lengths
+        index = np.arange(total)
+        pos = index - text_start[text_of]
+        offsets = None
+        if with_spans or splitter == "sentence":
+            offsets = np.fromiter(
+                chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), dtype=np.int64, count=2 * total
+            ).reshape(total, 2)
+
+        # Segments: a sentence (sentence splitter) or the whole text; chunks of g inside each.
+        if splitter == "sentence":
+            span = max((len(t) for t in full_texts), default=0) + 1
+            ends = np.fromiter(
+                chain.from_iterable(
+                    (i * span + m.end() for m in SENTENCE_END.finditer(t)) for i, t in enumerate(full_texts)
+                ),
+                dtype=np.int64,
+            )
+            segment = np.searchsorted(ends, text_of * span + offsets[:, 0], side="right") + text_of
+        else:
+            segment = text_of
+        new_segment = np.ones(total, dtype=bool)
+        new_segment[1:] = segment[1:] != segment[:-1]
+        segment_first = np.maximum.accumulate(np.where(new_segment, index, 0)) if total else index
+        pos_in_segment = index - segment_first
+        closes = (pos_in_segment + 1) % g == 0
+        closes[:-1] |= new_segment[1:]
+        if total:
+            closes[-1] = True
+
+        # Truncation: keep the longest prefix whose full layout fits max_length.
+        if max_length is not None:
+            if layout == "plain":
+                cost = has_start + pos + 1 + int(end_id is not None)
+            else:  # one marker per chunk (multi_cls: CLS markers + the final SEP)
+                cost = has_start + pos + 1 + _exclusive_cumsum_per_group(closes.astype(np.int64), text_start, text_of) + 1
+            keep = cost <= max_length
+        else:
+            keep = np.ones(total, dtype=bool)
+        kept = np.bincount(text_of[keep], minlength=num_texts).astype(np.int64)
+        truncated = kept < lengths
+        if not keep.all():
+            ids, text_of, pos, closes = ids[keep], text_of[keep], pos[keep], closes[keep]
+            if offsets is not None:
+                offsets = offsets[keep]
+            total = len(ids)
+        kept_start = np.cumsum(kept) - kept
+        last_token = (kept_start + kept - 1)[kept > 0]
+        closes[last_token] = True  # the sequence always ends with a landmark
+
+        # Markers after closing tokens (plain layouts: only the final SEP after the last token).
+        marker_after = closes.copy() if layout != "plain" else np.zeros(total, dtype=bool)
+        if layout == "plain" and end_id is not None:
+            marker_after[last_token] = True
+        markers_before = _exclusive_cumsum_per_group(marker_after.astype(np.int64), kept_start, text_of)
+        column = has_start + pos + markers_before
+        empty = kept == 0
+        num_markers = np.bincount(text_of[marker_after], minlength=num_texts) + (empty & (final_id is not None))
+        row_length = has_start + kept + num_markers
+        width = int(row_length.max())
+
+        pad_id = self.pad_token_id if self.pad_token_id is not None else 0
+        input_ids = np.full((num_texts, width), pad_id, dtype=np.int64)
+        landmark_mask = np.zeros((num_texts, width), dtype=np.int64)
+        attention_mask = (np.arange(width)[None, :] < row_length[:, None]).astype(np.int64)
+        if has_start:
+            input_ids[:, 0] = start_id
+        input_ids[text_of, column] = ids
+        marker_rows, marker_cols = text_of[marker_after], column[marker_after] + 1
+        is_final = np.zeros(total, dtype=bool)
+        is_final[last_token] = True
+        input_ids[marker_rows, marker_cols] = np.where(is_final[marker_after], final_id, marker_id)
+        empty_rows = np.flatnonzero(empty)
+        if final_id is not None and len(empty_rows):
+            input_ids[empty_rows, has_start] = final_id
+
+        # Pooling positions.
+        if pooling == "lmk":
+            landmark_mask[marker_rows, marker_cols] = 1
+            landmark_mask[empty_rows, has_start] = 1
+        elif pooling == "multi_cls":
+            landmark_mask[:, 0] = 1
+            inner = marker_after & ~is_final
+            landmark_mask[text_of[inner], column[inner] + 1] = 1
+        elif pooling == "cls":
+            landmark_mask[:, 0] = 1
+        elif pooling == "mean@k":
+            landmark_mask[text_of[closes], column[closes]] = 1
+        else:  # mean, latent_attention
+            landmark_mask[:] = attention_mask
+        landmark_mask[landmark_mask.sum(1) == 0, 0] = 1  # e.g. mean@k of an empty text: fall back to [CLS]
+
+        spans = None
+        if with_spans:
+            spans = self._chunk_spans(closes, text_of, kept_start, offsets, empty, len(prefix), num_texts)
+        return LandmarkBatch(input_ids, attention_mask, landmark_mask, truncated, g, max_length, spans)
+
+    @staticmethod
+    def _chunk_spans(closes, text_of, kept_start, offsets, empty, prefix_length, num_texts):
+        """(start, end) characters of the chunk each closing token ends, relative to the text without prompt."""
+        last = np.flatnonzero(closes)
+        first = np.empty_like(last)
+        if len(last):
+            first[0] = 0
+            first[1:] = last[:-1] + 1
+            new_text = np.ones(len(last), dtype=bool)
+            new_text[1:] = text_of[last[1:]] != text_of[last[:-1]]
+            first[new_text] = kept_start[text_of[last[new_text]]]
+        starts = np.maximum(offsets[first, 0] - prefix_length, 0) if len(last) else first
+        ends = np.maximum(offsets[last, 1] - prefix_length, 0) if len(last) else first
+        counts = np.bincount(text_of[last], minlength=num_texts)
+        spans, cursor = [], 0
+        for text_index in range(num_texts):
+            n = int(counts[text_index])
+            spans.append(list(zip(starts[cursor : cursor + n].tolist(), ends[cursor : cursor + n].tolist())) or [(0, 0)])
+            cursor += n
+        return spans
