@@ -1,0 +1,76 @@
+"""Configuration of `RecurrentEmbedModel`: a recurrent LM backbone (nested config), EOS pooling,
+query instructions and the inference schedule."""
+
+from __future__ import annotations
+
+from transformers import AutoConfig, PretrainedConfig
+from transformers.configuration_utils import SubConfigSpec
+
+SCHEDULES = ("auto", "horizontal", "vertical")
+DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
+QUERY_TEMPLATE = "Instruct: {task}\nQuery: "
+
+
+class RecurrentEmbedConfig(PretrainedConfig):
+    r"""
+    backbone_config: the recurrent LM's config without its head (Mamba2, xLSTM, RWKV).
+    schedule: `horizontal` (the backbone's own full-sequence forward), `vertical` (blocks of
+        `block_size` tokens through all layers, per-layer state carried) or `auto` (horizontal when
+        the longest input fits in one block).
+    block_size: V, tokens per vertical block.
+    ssd_chunk_size: the chunk of our CPU/torch Mamba2 scan (exact for any value; 64 suits CPU caches).
+    normalize: L2-normalise embeddings by default.
+    add_bos_token: put the tokenizer's BOS before every input (EOS always closes it).
+    max_length: token budget incl. BOS/EOS (None: unbounded, which the vertical schedule allows).
+    query_template, default_task: queries become `query_template.format(task=...) + query`.
+    document_prompt: prepended to documents (none in the paper, so a corpus serves every task).
+    base_model: the Hub id the backbone came from, when known (for model cards).
+    """
+
+    model_type = "recurrent_embedder"
+    sub_configs_defaults = {"backbone_config": SubConfigSpec(AutoConfig, model_type="mamba2")}
+
+    backbone_config: dict | PretrainedConfig | None = None
+    schedule: str = "auto"
+    block_size: int = 4096
+    ssd_chunk_size: int = 64
+    normalize: bool = True
+    add_bos_token: bool = False
+    max_length: int | None = None
+    query_template: str = QUERY_TEMPLATE
+    default_task: str = DEFAULT_TASK
+    document_prompt: str = ""
+    base_model: str | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.check()
+
+    def check(self) -> None:
+        """Raise a ValueError naming the field for any bad value."""
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"Unknown `schedule` {self.schedule!r}; expected one of {list(SCHEDULES)}.")
+        for name in ("block_size", "ssd_chunk_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"`max_length` must be at least 2 (one token and EOS), got {self.max_length}.")
+        if "{task}" not in self.query_template:
+            raise ValueError("`query_template` must contain '{task}'.")
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.backbone_config.hidden_size)
+
+    def query_prompt(self, task: str | None = None) -> str:
+        """`Instruct: {task}\\nQuery: ` with `task` (default: `default_task`)."""
+        if task is not None and not isinstance(task, str):
+            raise TypeError(f"`task` must be a string, got {type(task).__name__}.")
+        return self.query_template.format(task=self.default_task if task is None else task)
+
+    def tokenizer_options(self) -> dict:
+        return {"rec_add_bos_token": self.add_bos_token}
+
+
+__all__ = ["RecurrentEmbedConfig"]

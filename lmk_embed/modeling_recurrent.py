@@ -1,0 +1,442 @@
+"""RecurrentEmbedModel: a recurrent LM (Mamba2, xLSTM, RWKV) as a text embedder.
+
+"Linear-Time and Constant-Memory Text Embeddings Based on Recurrent Language Models"
+(arXiv 2604.18199): EOS is appended to every input and the embedding is the final-layer state at
+EOS, optionally L2-normalised. Queries carry an instruction, documents none.
+
+Inference schedules:
+    horizontal  the backbone's own forward over the whole sequence, layer by layer.
+    vertical    blocks of V tokens pass through all layers before the next block starts; every
+                layer carries its recurrent state (Mamba2: conv + SSM state) between blocks, so
+                memory is O(layers + V), constant in the sequence length T.
+    auto        horizontal when the longest input fits in one block, vertical otherwise.
+
+For Mamba2 the vertical schedule runs a lean chunked SSD scan (`ssd_chunked`) written for
+inference in plain torch; `ssd_reference` beside it is the per-token recurrence it must equal.
+On CUDA, mamba_ssm's fused scan is used when it imports. Other backbones carry state through
+their own transformers cache.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .configuration_recurrent import SCHEDULES, RecurrentEmbedConfig
+from .encoding import EncoderMixin, check_choice, check_positive_int
+from .tokenization_recurrent import RecurrentEmbedTokenizer, iter_text_file
+
+try:  # CUDA kernels, optional (the `cuda` extra)
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+except Exception:  # not installed, or no GPU toolchain
+    mamba_chunk_scan_combined = None
+
+# Backbones whose recurrent state we can carry between blocks, and how.
+STATE_CARRIERS = {"mamba2": "mamba2", "xlstm": "cache", "rwkv": "rwkv"}
+
+
+# ---- Mamba2 SSD scan: minimal reference, then the fast chunked form ---------------------------
+
+
+def ssd_reference(x, dt, A, B, C, D, initial_state=None):
+    """The SSM recurrence one token at a time (reference; slow).
+
+    x [b, t, h, p], dt [b, t, h] (discretised: softplus + bias + clamp done), A [h], B, C [b, t, g, n],
+    D [h], initial_state [b, h, p, n] -> (y [b, t, h, p], final state [b, h, p, n]). Head i reads group i // (h/g).
+    """
+    b, t, h, p = x.shape
+    repeat = h // B.shape[2]
+    B, C = B.repeat_interleave(repeat, dim=2), C.repeat_interleave(repeat, dim=2)
+    state = x.new_zeros(b, h, p, B.shape[-1]) if initial_state is None else initial_state
+    outputs = []
+    for step in range(t):
+        decay = torch.exp(dt[:, step] * A)[..., None, None]
+        state = state * decay + (dt[:, step, :, None] * x[:, step])[..., None] * B[:, step, :, None, :]
+        outputs.append((state * C[:, step, :, None, :]).sum(-1) + D[:, None] * x[:, step])
+    return torch.stack(outputs, dim=1), state
+
+
+def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
+    """The same scan in chunks of `chunk_size` (Mamba2's SSD), lean for inference; float32 inside.
+
+    Shapes as in `ssd_reference`. Within a chunk the output is a masked (decayed) attention-like
+    product; between chunks only the [h, p, n] state is carried, by a short loop over chunks.
+    Groups of B and C are never repeated per head, and the L x L decay is built once per head.
+    """
+    b, t, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    r, q = h // g, chunk_size
+    pad = (-t) % q
+    c = (t + pad) // q
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
+    xdt = x * dt[..., None]
+    log_decay = dt * A.float()
+    if pad:  # zero padding: no input and no decay, so the final state is unchanged
+        xdt, log_decay = F.pad(xdt, (0, 0, 0, 0, 0, pad)), F.pad(log_decay, (0, 0, 0, pad))
+        B, C = F.pad(B, (0, 0, 0, 0, 0, pad)), F.pad(C, (0, 0, 0, 0, 0, pad))
+    cumulative = log_decay.view(b, c, q, h).permute(0, 1, 3, 2).cumsum(-1)  # [b, c, h, q]
+    B_chunks = B.view(b, c, q, g, n).permute(0, 1, 3, 2, 4)  # [b, c, g, q, n]
+    C_chunks = C.view(b, c, q, g, n).permute(0, 1, 3, 2, 4)
+    X = xdt.view(b, c, q, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, q, p]
+
+    # Within chunks: y[l] = sum_{s<=l} exp(cum[l] - cum[s]) (C[l] . B[s]) x[s] dt[s].
+    scores = C_chunks @ B_chunks.transpose(-1, -2)  # [b, c, g, q, q], shared by the group's heads
+    future = torch.ones(q, q, dtype=torch.bool, device=x.device).triu(1)
+    decay = torch.exp((cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(future, float("-inf")))
+    y = (decay.view(b, c, g, r, q, q) * scores[:, :, :, None]) @ X  # [b, c, g, r, q, p]
+
+    # Each chunk's contribution to the state at its end, then the carry across chunks.
+    to_end = torch.exp(cumulative[..., -1:] - cumulative).view(b, c, g, r, q, 1)
+    chunk_states = (X * to_end).transpose(-1, -2) @ B_chunks[:, :, :, None]  # [b, c, g, r, p, n]
+    chunk_decay = torch.exp(cumulative[..., -1]).view(b, c, g, r, 1, 1)
+    state = x.new_zeros(b, g, r, p, n) if initial_state is None else initial_state.float().view(b, g, r, p, n)
+    entering = []
+    for k in range(c):
+        entering.append(state)
+        state = state * chunk_decay[:, k] + chunk_states[:, k]
+    entering = torch.stack(entering, dim=1)  # [b, c, g, r, p, n]
+
+    # From the state entering each chunk: y[l] += exp(cum[l]) C[l] . state.
+    y = y + (C_chunks[:, :, :, None] @ entering.transpose(-1, -2)) * torch.exp(cumulative).view(b, c, g, r, q, 1)
+    y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * q, h, p)[:, :t]
+    return y + x * D.float()[:, None], state.view(b, h, p, n)
+
+
+def causal_conv_with_state(inputs, weight, bias, state):
+    """Depthwise causal conv1d that starts from the previous block's last inputs.
+
+    inputs [b, t, channels], weight [channels, k], state [b, channels, k - 1] or None (zeros)
+    -> (pre-activation output [b, t, channels], new state [b, channels, k - 1]).
+    """
+    b, t, channels = inputs.shape
+    k = weight.shape[-1]
+    previous = inputs.new_zeros(b, channels, k - 1) if state is None else state.to(inputs.dtype)
+    padded = torch.cat([previous, inputs.transpose(1, 2)], dim=-1)
+    out = F.conv1d(padded.to(weight.dtype), weight[:, None, :], bias, groups=channels)
+    return out.transpose(1, 2), padded[:, :, -(k - 1) :]
+
+
+def mamba2_mixer_step(mixer, hidden_states, conv_state, ssm_state, chunk_size: int):
+    """One Mamba2 mixer over a block [b, t, d], carrying (conv_state, ssm_state); same math as
+    transformers' `Mamba2Mixer` torch path. Projections are called as modules, so LoRA applies."""
+    b, t, _ = hidden_states.shape
+    dtype = hidden_states.dtype
+    projected = mixer.in_proj(hidden_states)
+    gate, xBC, dt = projected.split([mixer.intermediate_size, mixer.conv_dim, mixer.num_heads], dim=-1)
+    xBC, conv_state = causal_conv_with_state(xBC, mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, conv_state)
+    xBC = mixer.act(xBC)
+    groups_state = mixer.n_groups * mixer.ssm_state_size
+    x, B, C = xBC.split([mixer.intermediate_size, groups_state, groups_state], dim=-1)
+    x = x.reshape(b, t, mixer.num_heads, mixer.head_dim)
+    B = B.reshape(b, t, mixer.n_groups, mixer.ssm_state_size)
+    C = C.reshape(b, t, mixer.n_groups, mixer.ssm_state_size)
+    A = -torch.exp(mixer.A_log.float())
+    limit = mixer.time_step_limit
+    if mamba_chunk_scan_combined is not None and x.is_cuda:
+        y, ssm_state = mamba_chunk_scan_combined(
+            x, dt, A, B, C, chunk_size=mixer.chunk_size, D=mixer.D, dt_bias=mixer.dt_bias, dt_softplus=True,
+            dt_limit=tuple(limit), initial_states=ssm_state, return_final_states=True,
+        )
+    else:
+        dt = torch.clamp(F.softplus(dt + mixer.dt_bias.to(dt.dtype)), min=limit[0], max=limit[1])
+        y, ssm_state = ssd_chunked(x, dt, A, B, C, mixer.D, chunk_size, ssm_state)
+    y = mixer.norm(y.reshape(b, t, -1), gate)
+    return mixer.out_proj(y.to(dtype)), conv_state, ssm_state
+
+
+# ---- carrying state through other backbones' own caches ---------------------------------------
+
+
+def _cache_keyword(backbone) -> str:
+    """transformers renamed `cache_params=` to `cache=` after 5.23; accept either."""
+    parameters = inspect.signature(backbone.forward).parameters
+    return "cache_params" if "cache_params" in parameters else "cache"
+
+
+def _new_xlstm_cache(backbone, batch_size: int, like: torch.Tensor):
+    """An xLSTM cache with the layers' real head sizes. transformers sizes it from the config,
+    which rounds qk/v dims up to multiples of 64 and crashes for e.g. qk_dim_factor=0.5."""
+    from transformers.models.xlstm.modeling_xlstm import xLSTMCache
+
+    config = backbone.config
+    cache = xLSTMCache(config, batch_size, dtype=torch.float32, device=like.device)
+    layer = backbone.blocks[0].mlstm_layer
+    qk, v = layer.qk_dim // config.num_heads, layer.v_dim // config.num_heads
+    zeros = lambda *shape: torch.zeros(batch_size, config.num_heads, *shape, device=like.device)  # noqa: E731
+    cache.rnn_state = {i: (zeros(qk, v), zeros(qk), zeros(1)) for i in range(config.num_hidden_layers)}
+    return cache
+
+
+def _select_rows(state, rows: torch.Tensor):
+    """Keep `rows` of a carried state: our per-layer tuples, an RWKV list, or a transformers cache."""
+    if state is None:
+        return None
+    if isinstance(state, list):
+        return [tuple(t[rows] for t in item) if isinstance(item, tuple) else item[rows] for item in state]
+    if hasattr(state, "rnn_state"):  # xLSTMCache
+        state.rnn_state = {k: tuple(t[rows] for t in v) for k, v in state.rnn_state.items()}
+        return state
+    state.batch_select_indices(rows)  # DynamicCache
+    return state
+
+
+# ---- the model --------------------------------------------------------------------------------
+
+
+@dataclass
+class RecurrentOutput(ModelOutput):
+    """embeddings: [B, D] float32 final-layer states at EOS (not normalised)."""
+
+    embeddings: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+
+
+class RecurrentEmbedPreTrainedModel(PreTrainedModel):
+    config_class = RecurrentEmbedConfig
+    base_model_prefix = "recurrent"
+    supports_gradient_checkpointing = True
+
+    def _init_weights(self, module):
+        pass  # the backbone initialises itself; nothing else has weights
+
+
+class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
+    """A recurrent LM backbone pooled at EOS, with a constant-memory vertical `encode()`.
+
+    Inputs: input_ids, attention_mask [B, T], right-padded, EOS at position sum(attention_mask) - 1.
+    """
+
+    supports_streaming = True
+    forward_input_names = ("input_ids", "attention_mask")
+
+    def __init__(self, config: RecurrentEmbedConfig):
+        super().__init__(config)
+        config.check()
+        self.backbone = AutoModel.from_config(config.backbone_config)
+        self._tokenizer = None
+        self.post_init()
+
+    @property
+    def tokenizer(self) -> RecurrentEmbedTokenizer:
+        if self._tokenizer is None:
+            if not self.name_or_path:
+                raise ValueError("This model has no tokenizer: set `model.tokenizer = RecurrentEmbedTokenizer...`.")
+            self._tokenizer = RecurrentEmbedTokenizer.from_pretrained(self.name_or_path)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    @property
+    def state_carrier(self) -> str | None:
+        return STATE_CARRIERS.get(self.config.backbone_config.model_type)
+
+    # ---- schedules ----------------------------------------------------------------------------
+
+    def resolve_schedule(self, schedule: str | None, block_size: int | None, longest: int) -> tuple[str, int]:
+        """Check the schedule / V and turn `auto` into horizontal (T <= V) or vertical."""
+        schedule = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
+        block_size = check_positive_int("block_size", self.config.block_size if block_size is None else block_size)
+        if schedule == "auto":
+            schedule = "horizontal" if longest <= block_size or self.state_carrier is None else "vertical"
+        if schedule == "vertical" and self.state_carrier is None:
+            raise ValueError(
+                f"schedule='vertical' needs a backbone that carries recurrent state between blocks "
+                f"({sorted(STATE_CARRIERS)}); {self.config.backbone_config.model_type!r} cannot. Use 'horizontal'."
+            )
+        return schedule, block_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        schedule: str | None = None,
+        block_size: int | None = None,
+        **kwargs,
+    ) -> RecurrentOutput:
+        """input_ids / attention_mask [B, T] (right-padded) -> RecurrentOutput(embeddings [B, D])."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        lengths = attention_mask.sum(dim=1)
+        if bool((lengths == 0).any()):
+            raise ValueError("Every input needs at least one token (its EOS); found an empty row.")
+        longest = int(lengths.max())
+        schedule, block_size = self.resolve_schedule(schedule, block_size, longest)
+        input_ids = input_ids[:, :longest]
+        if schedule == "horizontal":
+            # No cache: xLSTM would size one from its config and crash for qk_dim_factor=0.5.
+            hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
+            rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+            return RecurrentOutput(embeddings=hidden[rows, lengths - 1].float())
+        return RecurrentOutput(embeddings=self._vertical(input_ids, lengths, block_size))
+
+    def _vertical(self, input_ids: torch.Tensor, lengths: torch.Tensor, block_size: int) -> torch.Tensor:
+        """Blocks of `block_size` through all layers; finished sequences leave the batch."""
+        batch = input_ids.shape[0]
+        embeddings = [None] * batch
+        active = torch.arange(batch, device=input_ids.device)
+        state = None
+        for start in range(0, int(lengths.max()), block_size):
+            alive = lengths[active] > start
+            if not bool(alive.all()):
+                active, state = active[alive], _select_rows(state, alive.nonzero().squeeze(1))
+            end = min(start + block_size, int(lengths[active].max()))
+            hidden, state = self.block_step(input_ids[active, start:end], state)
+            eos = lengths[active] - 1
+            for row in torch.nonzero((eos >= start) & (eos < end)).squeeze(1).tolist():
+                embeddings[int(active[row])] = hidden[row, int(eos[row]) - start].float()
+        return torch.stack(embeddings)
+
+    def block_step(self, input_ids: torch.Tensor, state):
+        """One block [b, t] through every layer from `state` -> (final hidden [b, t, D], new state)."""
+        carrier = self.state_carrier
+        if carrier == "mamba2":
+            return self._mamba2_block(input_ids, state)
+        if carrier == "rwkv":
+            output = self.backbone(input_ids=input_ids, state=state, use_cache=True)
+            return output.last_hidden_state, list(output.state)
+        if state is None and self.config.backbone_config.model_type == "xlstm":
+            state = _new_xlstm_cache(self.backbone, input_ids.shape[0], input_ids)
+        keyword = _cache_keyword(self.backbone)
+        output = self.backbone(input_ids=input_ids, use_cache=True, **{keyword: state})
+        return output.last_hidden_state, getattr(output, keyword)
+
+    def _mamba2_block(self, input_ids: torch.Tensor, state):
+        backbone = self.backbone
+        hidden = backbone.embeddings(input_ids)
+        state = state or [(None, None)] * len(backbone.layers)
+        new_state = []
+        for layer, (conv_state, ssm_state) in zip(backbone.layers, state):
+            residual = hidden
+            hidden = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
+            if layer.residual_in_fp32:
+                residual = residual.to(torch.float32)
+            hidden, conv_state, ssm_state = mamba2_mixer_step(
+                layer.mixer, hidden, conv_state, ssm_state, self.config.ssd_chunk_size
+            )
+            hidden = residual + hidden
+            new_state.append((conv_state, ssm_state))
+        return backbone.norm_f(hidden), new_state
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    def default_max_length(self) -> int | None:
+        return self.config.max_length
+
+    def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool = False, max_length=None):
+        """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module)."""
+        batch = self.tokenizer.build_batch(texts, prompt=prompt, max_length=max_length or self.config.max_length)
+        return batch.tensors()
+
+    def sentence_transformers_prompts(self) -> dict[str, str]:
+        return {"query": self.config.query_prompt(), "document": self.config.document_prompt}
+
+    # ---- encode -------------------------------------------------------------------------------
+
+    def encode(
+        self,
+        texts,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        schedule: str | None = None,
+        block_size: int | None = None,
+        normalize: bool | None = None,
+        prompt: str | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_tensor: bool = False,
+        device: str | torch.device | None = None,
+        output_value: str = "embedding",
+    ):
+        """Embed texts: a string, a list of strings, or streamed documents.
+
+        A streamed document is a `pathlib.Path` to a UTF-8 text file or an iterator of text pieces
+        (also as items of the list); it is tokenized incrementally and fed block by block, so its
+        peak memory is bounded whatever its length, and it gets the embedding of the concatenated
+        text. Returns float32 `[N, D]` (numpy, or a tensor), `[D]` for a single input.
+        `schedule` ("auto", "horizontal", "vertical") and `block_size` (V) override the config.
+        """
+        return self._run_encode(
+            texts,
+            batch_size=batch_size,
+            normalize=normalize,
+            prompt=prompt,
+            show_progress_bar=show_progress_bar,
+            convert_to_tensor=convert_to_tensor,
+            device=device,
+            output_value=output_value,
+            options={"max_length": max_length, "schedule": schedule, "block_size": block_size},
+        )
+
+    def encode_query(self, queries, task: str | None = None, **kwargs):
+        """`encode` with the instruction `Instruct: {task}\\nQuery: ` (task: `config.default_task`)."""
+        return self.encode(queries, prompt=self.config.query_prompt(task), **kwargs)
+
+    def encode_document(self, documents, **kwargs):
+        """`encode` with `config.document_prompt` (empty by default: one corpus serves every task)."""
+        return self.encode(documents, prompt=self.config.document_prompt or None, **kwargs)
+
+    def _prepare_encode(self, *, prompt, output_value, max_length, schedule, block_size) -> dict:
+        self.resolve_schedule(schedule, block_size, longest=0)  # validates; `auto` is resolved per batch
+        if max_length is not None:
+            check_positive_int("max_length", max_length)
+            if max_length < len(self.tokenizer.prefix_ids) + 2:
+                raise ValueError(f"`max_length`={max_length} is too small: it must hold one token and EOS.")
+        _ = self.tokenizer.eos_id  # a tokenizer without EOS fails here, clearly
+        return {
+            "prompt": prompt,
+            "max_length": max_length if max_length is not None else self.config.max_length,
+            "schedule": schedule,
+            "block_size": block_size,
+        }
+
+    def _embed_texts(self, texts: list[str], plan: dict) -> torch.Tensor:
+        batch = self.tokenizer.build_batch(texts, prompt=plan["prompt"], max_length=plan["max_length"])
+        plan["num_truncated"] += int(batch.truncated.sum())
+        features = batch.tensors(self.device)
+        return self(**features, schedule=plan["schedule"], block_size=plan["block_size"]).embeddings
+
+    def _embed_stream(self, source, plan: dict) -> torch.Tensor:
+        """One streamed document, fed to the vertical schedule in blocks of V as tokens arrive."""
+        if plan["schedule"] == "horizontal":
+            raise ValueError("Streamed documents use the vertical schedule; `schedule='horizontal'` cannot stream.")
+        _, block_size = self.resolve_schedule("vertical", plan["block_size"], longest=0)
+        if isinstance(source, os.PathLike):
+            if not os.path.isfile(source):
+                raise FileNotFoundError(f"No such text file: {source}")
+            source = iter_text_file(source)
+        tokenizer, max_length = self.tokenizer, plan["max_length"]
+        pending = np.asarray(tokenizer.prefix_ids, dtype=np.int64)
+        budget = None if max_length is None else max_length - len(pending) - 1
+        state, consumed, truncated = None, 0, False
+        for ids in tokenizer.stream_content_ids(source, prompt=plan["prompt"]):
+            if budget is not None and consumed + len(ids) > budget:
+                ids, truncated = ids[: budget - consumed], True
+            consumed += len(ids)
+            pending = np.concatenate([pending, ids])
+            while len(pending) >= block_size:
+                block, pending = pending[:block_size], pending[block_size:]
+                _, state = self.block_step(torch.from_numpy(block)[None].to(self.device), state)
+            if truncated:  # stop reading: the rest is over the budget
+                plan["num_truncated"] += 1
+                break
+        pending = np.concatenate([pending, [tokenizer.eos_id]])
+        hidden, _ = self.block_step(torch.from_numpy(pending)[None].to(self.device), state)
+        return hidden[0, -1].float()
+
+
+__all__ = ["RecurrentEmbedModel", "RecurrentEmbedPreTrainedModel", "RecurrentOutput", "ssd_chunked", "ssd_reference"]

@@ -1,0 +1,163 @@
+"""Tokenizer of the recurrent embedders: `[BOS] tokens EOS`, right-padded; the EOS state is pooled.
+
+Literal special tokens in a text are plain text, except that a text already ending in the EOS
+string gets no second EOS: that trailing EOS is the one the model pools. Long documents can be
+tokenized incrementally (`stream_content_ids`) without ever holding their full token-id list.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+from transformers import BatchEncoding, PreTrainedTokenizerFast
+
+from .encoding import encode_content, last_safe_cut
+
+# Tokenize a stream once this many characters are pending, then keep only an unstable tail.
+STREAM_MIN_CHARS = 16_384
+
+
+@dataclass
+class RecurrentBatch:
+    """input_ids, attention_mask: int64 [B, T]; lengths: int64 [B] (EOS at lengths - 1); truncated: bool [B]."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+
+    def tensors(self, device=None) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": torch.from_numpy(self.input_ids).to(device),
+            "attention_mask": torch.from_numpy(self.attention_mask).to(device),
+        }
+
+
+class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
+    """A fast tokenizer whose call appends EOS (and optionally prepends BOS).
+
+    No `__init__` (transformers 5.23 mis-loads remote-code subclasses that define one); the option
+    `rec_add_bos_token` is read from tokenizer_config.json through `init_kwargs`.
+    """
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self.init_kwargs.get("rec_add_bos_token") or False)
+
+    @property
+    def eos_id(self) -> int:
+        if self.eos_token_id is None:
+            raise ValueError("The tokenizer has no EOS token, which recurrent embedders pool; set `eos_token`.")
+        return int(self.eos_token_id)
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        if not self.add_bos:
+            return []
+        if self.bos_token_id is None:
+            raise ValueError("`rec_add_bos_token` is set but the tokenizer has no BOS token.")
+        return [int(self.bos_token_id)]
+
+    def strip_trailing_eos(self, text: str) -> str:
+        """A text that already ends in the EOS string gets no second EOS."""
+        eos = self.eos_token
+        return text[: -len(eos)] if eos and text.endswith(eos) else text
+
+    def __call__(
+        self,
+        text,
+        *,
+        prompt: str | None = None,
+        max_length: int | None = None,
+        truncation: bool = True,
+        padding: bool | str = True,
+        return_tensors: str | None = None,
+        **kwargs,
+    ) -> BatchEncoding:
+        """Tokenize `text` (a string or a list of strings) into `[BOS] tokens EOS`, right-padded."""
+        if kwargs.pop("add_special_tokens", True) is not True:
+            raise ValueError("`add_special_tokens=False` is not supported: EOS is what the model pools.")
+        kwargs.pop("split_special_tokens", None)
+        if kwargs:
+            raise TypeError(f"RecurrentEmbedTokenizer.__call__ got unsupported arguments: {sorted(kwargs)}.")
+        if padding not in (True, "longest"):
+            raise ValueError(f"`padding` must be True or 'longest', got {padding!r}.")
+        if return_tensors not in (None, "pt", "np"):
+            raise ValueError(f"`return_tensors` must be None, 'pt' or 'np', got {return_tensors!r}.")
+        single = isinstance(text, str)
+        texts = [text] if single else text
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("`text` must be a string or a list of strings.")
+        batch = self.build_batch(list(texts), prompt=prompt, max_length=max_length if truncation else None)
+        if batch.truncated.any():
+            warnings.warn(
+                f"{int(batch.truncated.sum())} of {len(texts)} texts were longer than max_length={max_length} "
+                "tokens and were truncated (EOS kept).",
+                UserWarning,
+                stacklevel=2,
+            )
+        data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        if return_tensors is None:
+            data = {key: value[0].tolist() if single else value.tolist() for key, value in data.items()}
+        return BatchEncoding(data, tensor_type="pt" if return_tensors == "pt" else None)
+
+    def build_batch(self, texts: list[str], *, prompt: str | None = None, max_length: int | None = None) -> RecurrentBatch:
+        """`[BOS] (prompt + text) EOS` for each text, right-padded; see `RecurrentBatch`."""
+        prefix, eos = self.prefix_ids, self.eos_id
+        if max_length is not None and max_length < len(prefix) + 2:
+            raise ValueError(f"`max_length`={max_length} is too small: it must hold one token and EOS.")
+        full = [self.strip_trailing_eos((prompt or "") + t) for t in texts]
+        budget = None if max_length is None else max_length - len(prefix) - 1
+        encodings = encode_content(self, full, max_tokens=budget)
+        content = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(full))
+        kept = content if budget is None else np.minimum(content, budget)
+        lengths = kept + len(prefix) + 1
+        width = int(lengths.max()) if len(lengths) else 0
+        pad = self.pad_token_id if self.pad_token_id is not None else eos
+        input_ids = np.full((len(full), width), pad, dtype=np.int64)
+        rows = np.repeat(np.arange(len(full)), kept)
+        columns = np.arange(int(kept.sum())) - np.repeat(np.cumsum(kept) - kept, kept) + len(prefix)
+        input_ids[rows, columns] = np.fromiter(
+            chain.from_iterable(e.ids[:k] for e, k in zip(encodings, kept.tolist())), dtype=np.int64, count=len(rows)
+        )
+        if prefix:
+            input_ids[:, 0] = prefix[0]
+        input_ids[np.arange(len(full)), lengths - 1] = eos
+        attention_mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        return RecurrentBatch(input_ids, attention_mask, lengths, kept < content)
+
+    def stream_content_ids(self, pieces: Iterable[str], prompt: str | None = None) -> Iterator[np.ndarray]:
+        """Content token ids of `prompt + "".join(pieces)`, yielded in order as they become final.
+
+        Equal to tokenizing the concatenated text (trailing EOS string stripped), while holding
+        only the pending text: tokens are committed up to the last safe cut (see `last_safe_cut`).
+        """
+        buffer = prompt or ""
+        for index, piece in enumerate(pieces):
+            if not isinstance(piece, str):
+                raise TypeError(f"streamed pieces must be strings; piece {index} is {type(piece).__name__}.")
+            buffer += piece
+            if len(buffer) < STREAM_MIN_CHARS:
+                continue
+            cut = last_safe_cut(buffer)
+            if cut == 0:
+                continue  # no safe cut yet (e.g. one very long word): keep reading
+            encoding = encode_content(self, [buffer[:cut]])[0]
+            yield np.asarray(encoding.ids, dtype=np.int64)
+            buffer = buffer[cut:]
+        yield np.asarray(encode_content(self, [self.strip_trailing_eos(buffer)])[0].ids, dtype=np.int64)
+
+
+def iter_text_file(path, chunk_chars: int = 1 << 16) -> Iterator[str]:
+    """A UTF-8 text file as pieces of `chunk_chars` characters (never the whole file at once)."""
+    with open(path, encoding="utf-8") as handle:
+        while piece := handle.read(chunk_chars):
+            yield piece
+
+
+__all__ = ["RecurrentEmbedTokenizer", "RecurrentBatch", "iter_text_file"]
