@@ -68,7 +68,7 @@ def worker(method: str, length: int, block_size: int) -> dict:
     from lmk_embed.stdlib_corpus import module_pages
 
     corpus = "\n\n".join(page.text for page in module_pages())
-    text = corpus * (1 + (length * 6) // len(corpus))  # > length tokens; truncated to exactly `length`
+    text = (corpus * (1 + (length * 8) // len(corpus)))[: length * 8]  # > length tokens; cut to `length`
     vocab = len(tokenizer)
     if method == "modernbert":
         from transformers import ModernBertConfig, ModernBertModel
@@ -91,8 +91,10 @@ def worker(method: str, length: int, block_size: int) -> dict:
         )
         model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=block_size)).eval()
         model.tokenizer = tokenizer
-    ids = torch.from_numpy(tokenizer.build_batch([text], max_length=length).input_ids)
-    assert ids.shape[1] == length
+    ids = None
+    if method != "vertical":  # the full forwards take token ids; our encode takes the text
+        ids = torch.from_numpy(tokenizer.build_batch([text], max_length=length).input_ids)
+        assert ids.shape[1] == length
 
     def run(n_tokens):
         with torch.inference_mode():
@@ -103,7 +105,7 @@ def worker(method: str, length: int, block_size: int) -> dict:
             else:
                 model(input_ids=ids[:, :n_tokens])
 
-    run(256)  # warm-up: one-time initialisation is not part of the measurement
+    run(min(length, 2 * block_size))  # warm-up: one-time initialisation is not part of the measurement
     baseline = rss_mb()
     reset_peak_rss()
     start = time.perf_counter()

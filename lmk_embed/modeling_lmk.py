@@ -122,8 +122,8 @@ class LMKPreTrainedModel(PreTrainedModel):
         # are handled here because `apply` reaches the parent after them.
         if isinstance(module, LatentAttentionPooling):
             nn.init.normal_(module.latents, std=0.02)
-            module.attention._reset_parameters()
-            for layer in module.mlp:
+            module.attention._reset_parameters()  # in_proj and biases, not out_proj's weight
+            for layer in (module.attention.out_proj, *module.mlp):
                 if isinstance(layer, nn.Linear):
                     layer.reset_parameters()
 

@@ -121,7 +121,7 @@ def causal_conv_with_state(inputs, weight, bias, state):
     previous = inputs.new_zeros(b, channels, k - 1) if state is None else state.to(inputs.dtype)
     padded = torch.cat([previous, inputs.transpose(1, 2)], dim=-1)
     out = F.conv1d(padded.to(weight.dtype), weight[:, None, :], bias, groups=channels)
-    return out.transpose(1, 2), padded[:, :, -(k - 1) :]
+    return out.transpose(1, 2), padded[:, :, -(k - 1) :].clone()  # a copy: a view would keep `padded` alive
 
 
 def mamba2_mixer_step(mixer, hidden_states, conv_state, ssm_state, chunk_size: int):
@@ -299,7 +299,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
             hidden, state = self.block_step(input_ids[active, start:end], state)
             eos = lengths[active] - 1
             for row in torch.nonzero((eos >= start) & (eos < end)).squeeze(1).tolist():
-                embeddings[int(active[row])] = hidden[row, int(eos[row]) - start].float()
+                embeddings[int(active[row])] = hidden[row, int(eos[row]) - start].float().clone()
         return torch.stack(embeddings)
 
     def block_step(self, input_ids: torch.Tensor, state):

@@ -20,6 +20,9 @@ from .encoding import encode_content, last_safe_cut
 
 # Tokenize a stream once this many characters are pending, then keep only an unstable tail.
 STREAM_MIN_CHARS = 16_384
+# Texts longer than this are tokenized piece by piece too: a Rust Encoding costs hundreds of
+# bytes per token, the int64 ids we keep cost 8.
+LONG_TEXT_CHARS = 65_536
 
 
 @dataclass
@@ -111,10 +114,16 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
         prefix, eos = self.prefix_ids, self.eos_id
         if max_length is not None and max_length < len(prefix) + 2:
             raise ValueError(f"`max_length`={max_length} is too small: it must hold one token and EOS.")
-        full = [self.strip_trailing_eos((prompt or "") + t) for t in texts]
+        full = [(prompt or "") + t for t in texts]
         budget = None if max_length is None else max_length - len(prefix) - 1
-        encodings = encode_content(self, full, max_tokens=budget)
-        content = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(full))
+        ids = [None] * len(full)
+        short = [i for i, text in enumerate(full) if len(text) <= LONG_TEXT_CHARS]
+        encodings = encode_content(self, [self.strip_trailing_eos(full[i]) for i in short], max_tokens=budget)
+        for i, encoding in zip(short, encodings):
+            ids[i] = encoding.ids
+        for i in set(range(len(full))) - set(short):
+            ids[i] = self._long_text_ids(full[i], budget)
+        content = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(full))
         kept = content if budget is None else np.minimum(content, budget)
         lengths = kept + len(prefix) + 1
         width = int(lengths.max()) if len(lengths) else 0
@@ -123,13 +132,24 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
         rows = np.repeat(np.arange(len(full)), kept)
         columns = np.arange(int(kept.sum())) - np.repeat(np.cumsum(kept) - kept, kept) + len(prefix)
         input_ids[rows, columns] = np.fromiter(
-            chain.from_iterable(e.ids[:k] for e, k in zip(encodings, kept.tolist())), dtype=np.int64, count=len(rows)
+            chain.from_iterable(row[:k] for row, k in zip(ids, kept.tolist())), dtype=np.int64, count=len(rows)
         )
         if prefix:
             input_ids[:, 0] = prefix[0]
         input_ids[np.arange(len(full)), lengths - 1] = eos
         attention_mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
         return RecurrentBatch(input_ids, attention_mask, lengths, kept < content)
+
+    def _long_text_ids(self, text: str, budget: int | None) -> np.ndarray:
+        """Content ids of a long text, tokenized piece by piece (stops once over `budget`)."""
+        pieces = (text[start : start + LONG_TEXT_CHARS] for start in range(0, len(text), LONG_TEXT_CHARS))
+        parts, count = [], 0
+        for part in self.stream_content_ids(pieces):
+            parts.append(part)
+            count += len(part)
+            if budget is not None and count > budget:
+                break
+        return np.concatenate(parts)
 
     def stream_content_ids(self, pieces: Iterable[str], prompt: str | None = None) -> Iterator[np.ndarray]:
         """Content token ids of `prompt + "".join(pieces)`, yielded in order as they become final.

@@ -349,3 +349,19 @@ def test_bfloat16_vertical(mamba2_checkpoint):
     text = SAMPLE_TEXT * 3
     a, b = fp32.encode(text, schedule="vertical"), bf16.encode(text, schedule="vertical")
     assert b.dtype == np.float32 and float(a @ b) > 0.98
+
+
+def test_long_texts_are_tokenized_piecewise_with_the_same_ids(model, monkeypatch):
+    import lmk_embed.tokenization_recurrent as module
+    from lmk_embed.encoding import encode_content
+
+    tokenizer = model.tokenizer
+    text = "\n\n".join(stdlib_texts(40)) + "<|endoftext|>"
+    expected = encode_content(tokenizer, [text[: -len("<|endoftext|>")]])[0].ids
+    monkeypatch.setattr(module, "LONG_TEXT_CHARS", 300)
+    monkeypatch.setattr(module, "STREAM_MIN_CHARS", 100)
+    batch = tokenizer.build_batch([text, "short"])
+    assert batch.input_ids[0, : batch.lengths[0] - 1].tolist() == expected
+    assert batch.input_ids[0, batch.lengths[0] - 1] == tokenizer.eos_token_id
+    cut = tokenizer.build_batch([text], max_length=200)
+    assert cut.truncated[0] and cut.input_ids[0, :199].tolist() == expected[:199]
