@@ -146,6 +146,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             self.backbone = AutoModel.from_config(config.backbone_config)
         self.pooler = POOLERS[config.pooling](config)
         self._tokenizer = None
+        self._batch_granularity = None
         self.post_init()
 
     # ---- tokenizer ----------------------------------------------------------------------------
@@ -215,8 +216,11 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
                 pooling = "cls"
         elif splitter == "variable":  # drawing g is for training; inference uses the configured g
             splitter = "fixed"
-        if granularity is None and splitter != "variable":
-            granularity = self.config.granularity
+        if granularity is None:
+            if splitter != "variable":
+                granularity = self.config.granularity
+            elif self._batch_granularity is not None:  # drawn once for the whole batch
+                granularity = self._batch_granularity
         return self.tokenizer.build_layout(
             texts,
             pooling=pooling,
@@ -226,6 +230,11 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             prompt=prompt,
             with_spans=with_spans,
         )
+
+    def draw_batch_granularity(self) -> int | None:
+        """Training with the `variable` splitter: draw g once for the next batch (queries and passages)."""
+        self._batch_granularity = self.tokenizer.draw_granularity() if self.config.splitter == "variable" else None
+        return self._batch_granularity
 
     def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool = False, **options):
         """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module)."""

@@ -50,7 +50,8 @@ class EmbedderModule(InputModule):
         for index, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"inputs[{index}] must be a string, got {type(text).__name__}.")
-        return self.model.prepare_features(texts, prompt=prompt or None, training=self.training)
+        max_length = kwargs.get("max_length")  # the trainer's per-column budget (queries vs passages)
+        return self.model.prepare_features(texts, prompt=prompt or None, training=self.training, max_length=max_length)
 
     def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
         inputs = {name: features[name] for name in self.model.forward_input_names if name in features}

@@ -35,9 +35,10 @@ class ModulePage:
 
 
 def synopsis_of(obj) -> str:
-    """The first line of an object's docstring, or ''."""
-    doc = inspect.getdoc(obj) or ""
-    return doc.strip().splitlines()[0].strip() if doc.strip() else ""
+    """The first line of an object's own docstring (not one inherited from a base class), or ''."""
+    doc = vars(obj).get("__doc__") if inspect.isclass(obj) else getattr(obj, "__doc__", None)
+    doc = inspect.cleandoc(doc) if isinstance(doc, str) else ""
+    return doc.splitlines()[0].strip() if doc else ""
 
 
 def import_quietly(name: str):

@@ -11,6 +11,7 @@ dropped and counted in the log; a source with no valid row is an error.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -211,7 +212,8 @@ def _is_held_out(module: str, held_out_fraction: float) -> bool:
     return (zlib.crc32(module.encode()) % 1000) / 1000 < held_out_fraction
 
 
-def stdlib_doc_items(max_members_per_module: int = 12) -> list[DocItem]:
+@functools.lru_cache(maxsize=4)
+def stdlib_doc_items(max_members_per_module: int = 12) -> tuple[DocItem, ...]:
     """Modules, classes and functions of the stdlib with a synopsis line, and their pydoc text.
 
     The synopsis (first docstring line, >= 3 words) is removed from the text, so a query never
@@ -236,7 +238,7 @@ def stdlib_doc_items(max_members_per_module: int = 12) -> list[DocItem]:
                 continue
             members.append(DocItem(page.name, f"{page.name}.{attribute}", synopsis, render_page(obj).replace(synopsis, " ")))
         items.extend(members[:max_members_per_module])
-    return items
+    return tuple(items)
 
 
 def stdlib_training_rows(num_negatives: int = 1, held_out_fraction: float = 0.2, seed: int = 0,
@@ -263,6 +265,9 @@ def stdlib_training_rows(num_negatives: int = 1, held_out_fraction: float = 0.2,
                 relevant[item.name] = {item.name}
             continue
         for item in members:
+            if item.synopsis in seen_synopses:  # one positive per query text
+                continue
+            seen_synopses.add(item.synopsis)
             siblings = [m for m in members if m.name != item.name]
             if len(siblings) < num_negatives:
                 continue

@@ -1,0 +1,357 @@
+"""Fine-tuning: data validation, the LMK per-batch granularity, losses, LoRA/QLoRA, saving, resume, DDP."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tests.helpers import REPO_ROOT, run_fresh_python
+from training import TrainConfig, train
+from training.data import load_training_rows, stdlib_training_rows, to_training_dataset, write_jsonl
+
+TOPICS = ["json parsing", "regular expressions", "file paths", "dates and times", "random numbers", "zip archives",
+          "http requests", "csv files", "command line arguments", "sorting lists", "hash functions", "sockets",
+          "threads", "unit tests", "logging messages", "text wrapping"]
+
+
+def toy_rows(count=16, negatives=1):
+    rows = []
+    for i in range(count):
+        topic = TOPICS[i % len(TOPICS)]
+        rows.append({
+            "query": f"how do I work with {topic}",
+            "positive": f"This module is the standard way to handle {topic} in Python programs.",
+            "negatives": [f"Unrelated notes about {TOPICS[(i + k + 3) % len(TOPICS)]} and nothing else." for k in range(negatives)],
+        })
+    return rows
+
+
+@pytest.fixture
+def toy_jsonl(tmp_path):
+    return write_jsonl(toy_rows(), tmp_path / "toy.jsonl")
+
+
+def run_config(checkpoint, tmp_path, **overrides):
+    settings = dict(model=str(checkpoint), output_dir=str(tmp_path / "run"), train_data=str(overrides.pop("data")),
+                    eval_data=None, per_device_train_batch_size=4, max_steps=4, save_steps=1000, logging_steps=1,
+                    learning_rate=1e-3, query_max_length=32, passage_max_length=64)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+def test_empty_rows_are_dropped_and_counted(tmp_path, caplog):
+    rows = toy_rows(6)
+    rows[1]["query"] = "   "
+    rows[2]["positive"] = ""
+    rows[3]["negatives"] = ["fine", ""]
+    path = write_jsonl(rows, tmp_path / "data.jsonl")
+    with caplog.at_level("INFO"):
+        kept, report = load_training_rows(path)
+    assert report.rows_read == 6 and report.dropped_empty == 3 and report.rows_kept == 3 == len(kept)
+    assert "dropped 3 with an empty query/positive/negative" in caplog.text
+
+
+def test_bad_rows_are_reported_by_line_number(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    lines = [json.dumps(r) for r in toy_rows(3)]
+    lines.insert(1, json.dumps({"query": 3, "positive": "p"}))
+    lines.append("{not json")
+    lines.append(json.dumps({"query": "q", "positive": "p", "negatives": ["n"], "teacher_scores": [1.0]}))
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as error:
+        load_training_rows(path)
+    assert "line 5: not valid JSON" in str(error.value)
+    path.write_text("\n".join(lines[:4] + lines[5:]) + "\n")
+    with pytest.raises(ValueError) as error:
+        load_training_rows(path)
+    message = str(error.value)
+    assert "2 bad rows" in message and "line 2: `query` must be a string" in message
+    assert "line 5: `teacher_scores` has 1 values; expected 1 + 1 negatives" in message
+
+
+def test_schema_and_empty_sources(tmp_path):
+    missing = write_jsonl([{"question": "q", "positive": "p"}], tmp_path / "missing.jsonl")
+    with pytest.raises(ValueError, match=r"missing required field\(s\) \['query'\]"):
+        load_training_rows(missing)
+    empty = write_jsonl([{"query": "", "positive": "p"}, {"query": "q", "positive": " "}], tmp_path / "empty.jsonl")
+    with pytest.raises(ValueError, match="no valid rows"):
+        load_training_rows(empty)
+    with pytest.raises(ValueError, match="Unsupported"):
+        load_training_rows(tmp_path / "x.txt") if (tmp_path / "x.txt").write_text("x") else None
+
+
+def test_csv_parquet_and_dataset_sources(tmp_path):
+    import datasets
+
+    rows = toy_rows(5, negatives=2)
+    frame = {"query": [r["query"] for r in rows], "positive": [r["positive"] for r in rows],
+             "negatives": [r["negatives"] for r in rows], "id": list(range(5))}
+    dataset = datasets.Dataset.from_dict(frame)
+    dataset.to_parquet(str(tmp_path / "d.parquet"))
+    csv_frame = dict(frame, negatives=[json.dumps(n) for n in frame["negatives"]])
+    datasets.Dataset.from_dict(csv_frame).to_csv(str(tmp_path / "d.csv"), index=False)
+    for source in (dataset, tmp_path / "d.parquet", tmp_path / "d.csv"):
+        kept, report = load_training_rows(source)
+        assert len(kept) == 5 and kept[0]["negatives"] == rows[0]["negatives"] and report.ignored_columns == ["id"]
+    bad = datasets.Dataset.from_dict(dict(frame, query=[1.0, 2.0, 3.0, 4.0, 5.0]))  # arrow columns have one type
+    with pytest.raises(ValueError, match="5 bad rows:\n  row 1: `query` must be a string"):
+        load_training_rows(bad)
+
+
+def test_negative_counts_and_teacher_scores(tmp_path):
+    rows = toy_rows(4, negatives=3)
+    for row in rows:
+        row["teacher_scores"] = [5.0, 1.0, 0.5, 0.1]
+    rows[0]["negatives"], rows[0]["teacher_scores"] = rows[0]["negatives"][:1], [5.0, 1.0]
+    kept, report = load_training_rows(write_jsonl(rows, tmp_path / "d.jsonl"))
+    assert all(len(r["negatives"]) == 1 and len(r["teacher_scores"]) == 2 for r in kept) and report.negatives_cut == 3
+    kept, report = load_training_rows(tmp_path / "d.jsonl", num_negatives=2)
+    assert len(kept) == 3 and report.dropped_few_negatives == 1
+    dataset = to_training_dataset(kept)
+    assert dataset.column_names == ["query", "positive", "negative_1", "negative_2", "label"]
+
+
+def test_recurrent_instructions_go_on_queries_only():
+    dataset = to_training_dataset(
+        [dict(r, teacher_scores=None, task="Find code") for r in toy_rows(2)],
+        query_prefix=lambda task: f"Instruct: {task}\nQuery: ",
+    )
+    assert dataset[0]["query"].startswith("Instruct: Find code\nQuery: how do I")
+    assert not dataset[0]["positive"].startswith("Instruct")
+
+
+def test_stdlib_dataset_is_split_by_module():
+    rows, (queries, corpus, relevant) = stdlib_training_rows(num_negatives=1, max_members_per_module=3)
+    assert len(rows) > 100 and len(queries) > 20
+    train_texts = {r["positive"] for r in rows}
+    assert not train_texts & set(corpus.values())
+    held_modules = {name.split(".")[0] for name in queries}
+    assert all(relevant[q] == {q} for q in queries)
+    assert all(r["query"] not in r["positive"] for r in rows)
+    assert held_modules and len(held_modules) < 60
+
+
+# ---- config ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("lora_r", 0), ("temperature", 0.0), ("finetune", "half"), ("loss", "triplet"), ("warmup_ratio", 1.5),
+     ("per_device_train_batch_size", -2), ("granularities", [32, 0]), ("splitter", "paragraph"), ("max_steps", 0),
+     ("eval_data", "mteb")],
+)
+def test_bad_config_values_name_the_field(tmp_path, field, value):
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        TrainConfig(model="x", output_dir=str(tmp_path), **{field: value})
+
+
+def test_config_file_round_trip_and_unknown_fields(tmp_path):
+    config = TrainConfig(model="m", output_dir=str(tmp_path), lora_r=8, granularities=[32, 64])
+    path = config.to_yaml(tmp_path / "run.yaml")
+    assert TrainConfig.from_yaml(path) == config
+    path.write_text(yaml.safe_dump({"model": "m", "output_dir": "o", "lora_rank": 4}))
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['lora_rank'\]"):
+        TrainConfig.from_yaml(path)
+
+
+def test_cli_rejects_a_bad_field_value(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model": "m", "output_dir": str(tmp_path), "lora_alpha": -1}))
+    result = subprocess.run([sys.executable, "-m", "lmk_embed.cli", "train", "--config", str(config)],
+                            capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode != 0 and "`lora_alpha` must be a positive integer" in result.stderr
+
+
+# ---- training ---------------------------------------------------------------------------------
+
+
+def test_loss_decreases(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
+    config = run_config(minilm_lmk_checkpoint, tmp_path, data=toy_jsonl, finetune="full", learning_rate=5e-5,
+                        max_steps=12, num_train_epochs=100)
+    result = train(config)
+    losses = [entry["loss"] for entry in result["log_history"] if "loss" in entry]
+    assert len(losses) == 12 and np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
+
+
+def test_variable_splitter_draws_g_per_batch(lmk_checkpoint, tmp_path, toy_jsonl):
+    config = run_config(lmk_checkpoint, tmp_path, data=toy_jsonl, splitter="variable", granularities=[2, 3, 5, 7],
+                        max_steps=12, num_train_epochs=100)
+    result = train(config)
+    drawn = result["granularities_drawn"]
+    assert len(drawn) >= 12 and set(drawn) <= {2, 3, 5, 7} and len(set(drawn)) >= 3
+    # Each batch uses its draw for every column: landmarks every g content tokens.
+    from training.finetune import EmbeddingDataCollator
+
+    st = result["model"]
+    st.train()
+    collator = EmbeddingDataCollator(preprocess_fn=st.preprocess, embedder=st.transformers_model,
+                                     query_max_length=32, passage_max_length=64)
+    features = [{"query": "a b c d e f g h i j", "positive": "k l m n o p q r s t u v w x y z"}]
+    for _ in range(6):
+        batch = collator(features)
+        g = collator.drawn[-1]
+        assert int(batch["query_landmark_mask"].sum()) == -(-10 // g)
+        assert int(batch["positive_landmark_mask"].sum()) == -(-16 // g)
+    config_saved = json.loads((result["final_dir"] / "config.json").read_text())
+    assert config_saved["splitter"] == "variable" and config_saved["granularities"] == [2, 3, 5, 7]
+
+
+def test_lora_adapter_round_trip(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
+    from sentence_transformers import SentenceTransformer
+
+    config = run_config(minilm_lmk_checkpoint, tmp_path, data=toy_jsonl, finetune="lora", save_mode="adapter",
+                        lora_target_modules=["query", "value"])
+    result = train(config)
+    assert (result["final_dir"] / "adapter_model.safetensors").is_file()
+    texts = ["how do I parse json", "A module for zip archives.", ""]
+    trained = result["model"].encode(texts)
+    base = SentenceTransformer(str(minilm_lmk_checkpoint), trust_remote_code=True)
+    untouched = base.encode(texts)
+    base.load_adapter(str(result["final_dir"]))
+    assert np.abs(base.encode(texts) - trained).max() <= 1e-6
+    assert np.abs(untouched - trained).max() > 1e-4  # the adapter did change the model
+
+
+def test_merged_checkpoint_passes_the_contract(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
+    from tests.test_packaging import check_contract
+
+    from lmk_embed import LMKModel
+
+    result = train(run_config(minilm_lmk_checkpoint, tmp_path, data=toy_jsonl, finetune="lora", save_mode="merged"))
+    final = result["final_dir"]
+    assert not (final / "adapter_config.json").exists() and (final / "run_config.yaml").is_file()
+    texts = ["how do I parse json", "A module for zip archives."]
+    merged = LMKModel.from_pretrained(final).encode(texts)
+    assert np.abs(merged - result["model"].encode(texts)).max() <= 1e-5
+    check_contract(final, tmp_path / "contract", ["query", "value"])
+
+
+def test_distillation_loss_is_infonce_plus_weighted_kl(minilm_lmk_checkpoint):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
+
+    from training.finetune import InfoNCEWithDistillation
+
+    st = SentenceTransformer(str(minilm_lmk_checkpoint), trust_remote_code=True)
+    features = [st.preprocess(["q one", "q two"]), st.preprocess(["p one", "p two"]), st.preprocess(["n one", "n two"])]
+    labels = torch.tensor([[3.0, 0.5], [2.0, 1.0]])
+    combined = InfoNCEWithDistillation(st, 0.02, 0.5, 1.0, False)(features, labels)
+    infonce = MultipleNegativesRankingLoss(st, scale=50)(features, labels)
+    kl = DistillKLDivLoss(st, student_temperature=0.02, teacher_temperature=1.0)(features, labels)
+    torch.testing.assert_close(combined, infonce + 0.5 * kl, atol=1e-4, rtol=1e-4)
+
+
+def test_training_with_teacher_scores_and_gradcache(lmk_checkpoint, tmp_path):
+    rows = toy_rows(8)
+    for row in rows:
+        row["teacher_scores"] = [4.0, 0.0]
+    path = write_jsonl(rows, tmp_path / "scores.jsonl")
+    result = train(run_config(lmk_checkpoint, tmp_path, data=path, max_steps=2))
+    assert result["global_step"] == 2
+    with pytest.raises(ValueError, match="gradcache"):
+        train(run_config(lmk_checkpoint, tmp_path / "b", data=path, loss="gradcache"))
+    plain = write_jsonl(toy_rows(8), tmp_path / "plain.jsonl")
+    result = train(run_config(lmk_checkpoint, tmp_path / "c", data=plain, loss="gradcache", gradcache_mini_batch_size=2,
+                              max_steps=2))
+    assert result["global_step"] == 2
+
+
+def test_qlora_one_step_on_cpu(lmk_checkpoint, tmp_path, toy_jsonl):
+    """The tiny ModernBERT's widths are multiples of 32, which bitsandbytes' CPU 4-bit kernels need."""
+    result = train(run_config(lmk_checkpoint, tmp_path, data=toy_jsonl, finetune="qlora", max_steps=2))
+    assert result["global_step"] == 2
+    embedder = result["model"].transformers_model
+    assert any(type(m).__name__ == "Linear4bit" for m in embedder.modules())
+    assert (result["final_dir"] / "model.safetensors").is_file()  # merged into the unquantised base
+
+
+def test_qlora_refused_up_front_where_the_cpu_cannot(mamba2_checkpoint, tmp_path, toy_jsonl):
+    with pytest.raises(ValueError, match="multiples of 32") as error:
+        train(run_config(mamba2_checkpoint, tmp_path, data=toy_jsonl, finetune="qlora"))
+    assert "in_proj (64->328)" in str(error.value)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_recurrent_lora_training_under_the_vertical_schedule(mamba2_checkpoint, tmp_path, toy_jsonl):
+    from lmk_embed.modeling_recurrent import RecurrentEmbedModel
+
+    result = train(run_config(mamba2_checkpoint, tmp_path, data=toy_jsonl, schedule="vertical", block_size=8,
+                              learning_rate=1e-2))
+    trainable = [n for n, p in result["model"].named_parameters() if p.requires_grad]
+    assert trainable and all("in_proj" in n and "lora_" in n for n in trainable)
+    merged = RecurrentEmbedModel.from_pretrained(result["final_dir"])
+    assert merged.config.schedule == "vertical"
+    texts = ["how do I parse json", "zip archives"]
+    assert np.abs(merged.encode(texts) - result["model"].encode(texts)).max() <= 1e-4
+
+
+# ---- processes --------------------------------------------------------------------------------
+
+
+def write_cli_config(tmp_path, checkpoint, data, **overrides):
+    settings = dict(model=str(checkpoint), output_dir=str(tmp_path / "run"), train_data=str(data), eval_data="none",
+                    per_device_train_batch_size=4, learning_rate=1e-3, logging_steps=1, query_max_length=16,
+                    passage_max_length=32)
+    settings.update(overrides)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+def test_resume_after_sigkill(lmk_checkpoint, tmp_path):
+    data = write_jsonl(toy_rows(64), tmp_path / "d.jsonl")
+    config = write_cli_config(tmp_path, lmk_checkpoint, data, max_steps=3000, save_steps=10, save_total_limit=None)
+    command = [sys.executable, "-m", "lmk_embed.cli", "train", "--config", str(config)]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(checkpoints.glob("checkpoint-*/trainer_state.json")):
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    complete = sorted(int(p.parent.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*/trainer_state.json"))
+    assert complete and not (tmp_path / "run" / "final").exists()
+    last = complete[-1]
+    target = last + 12
+    result = subprocess.run(command + ["--resume_from_checkpoint", "last", "--max_steps", str(target)], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # logging_steps=1: a resumed run logs only the steps after the checkpoint, a restarted one all of them.
+    assert result.stdout.count("{'loss'") == target - last
+    state = json.loads((checkpoints / f"checkpoint-{target}" / "trainer_state.json").read_text())
+    assert state["global_step"] == target
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_two_process_ddp_with_gloo(lmk_checkpoint, tmp_path):
+    data = write_jsonl(toy_rows(32), tmp_path / "d.jsonl")
+    config = write_cli_config(tmp_path, lmk_checkpoint, data, max_steps=3, save_steps=1000, ddp_backend="gloo",
+                              gather_across_devices=True)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    result = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "lmk_embed.cli", "train", "--config",
+                             str(config)], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads(next((tmp_path / "run" / "checkpoints").glob("checkpoint-*/trainer_state.json")).read_text())
+    assert state["global_step"] == 3
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    report = run_fresh_python(f"""
+    import json
+    from transformers import AutoModel
+    print(json.dumps({{"shape": list(AutoModel.from_pretrained({str(tmp_path / 'run' / 'final')!r},
+                                                     trust_remote_code=True).encode(["x"]).shape)}}))
+    """, cwd=tmp_path)
+    assert report["shape"] == [1, 32]

@@ -1,0 +1,130 @@
+"""One dataclass describes a training run; a YAML file (or flags) fills it, and it is saved beside
+the checkpoint so the run can be repeated."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+# The papers' learning rates: LMK fine-tunes the whole encoder at 2e-5; the recurrent embedders
+# train QLoRA adapters at 4e-4 (Mamba2-1.3B needed 2.4e-3).
+FAMILY_LEARNING_RATES = {"lmk_embedder": 2e-5, "recurrent_embedder": 4e-4}
+# peft targets: every linear layer for encoders; only in_proj for Mamba2 (peft refuses out_proj).
+FAMILY_LORA_TARGETS = {"mamba2": ["in_proj"]}
+
+
+@dataclass
+class TrainConfig:
+    """A contrastive training run (InfoNCE with in-batch + hard negatives, optional distillation)."""
+
+    model: str = field(default=None, metadata={"help": "Our checkpoint to train: a folder or a Hub id (LMK or recurrent)."})
+    output_dir: str = field(default=None, metadata={"help": "Where checkpoints, the final model and run_config.yaml go."})
+    train_data: str = field(default="stdlib", metadata={"help": "jsonl / csv / parquet file, or 'stdlib' (built-in, offline)."})
+    eval_data: str | None = field(default="stdlib", metadata={"help": "'stdlib' (held-out modules) or none."})
+    num_negatives: int | None = field(default=None, metadata={"help": "Hard negatives per query (default: the fewest any row has)."})
+    max_train_rows: int | None = field(default=None, metadata={"help": "Use at most this many training rows."})
+    query_max_length: int = 128
+    passage_max_length: int = 512
+
+    loss: Literal["infonce", "gradcache"] = field(default="infonce", metadata={"help": "gradcache: CachedMultipleNegativesRankingLoss."})
+    temperature: float = field(default=0.02, metadata={"help": "InfoNCE temperature tau (scale = 1 / tau)."})
+    gradcache_mini_batch_size: int = 8
+    distill_weight: float = field(default=1.0, metadata={"help": "Weight of the KL term when rows have teacher_scores."})
+    teacher_temperature: float = 1.0
+    gather_across_devices: bool = field(default=False, metadata={"help": "Negatives from every device under DDP."})
+
+    finetune: Literal["full", "lora", "qlora"] = "lora"
+    lora_r: int = 16
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] | None = field(default=None, metadata={"help": "Default: all linear layers; in_proj for Mamba2."})
+    save_mode: Literal["merged", "adapter"] = field(default="merged", metadata={"help": "For LoRA/QLoRA: merged full checkpoint or adapter only."})
+
+    splitter: Literal["fixed", "variable", "sentence"] | None = field(default=None, metadata={"help": "LMK: override the checkpoint's splitter."})
+    granularities: list[int] | None = field(default=None, metadata={"help": "LMK: the set `variable` draws g from."})
+    granularity: int | None = field(default=None, metadata={"help": "LMK: g for `fixed`/`sentence` (and inference)."})
+    schedule: Literal["auto", "horizontal", "vertical"] | None = field(default=None, metadata={"help": "Recurrent: schedule while training."})
+    block_size: int | None = None
+
+    learning_rate: float | None = field(default=None, metadata={"help": "Default per family: LMK 2e-5, recurrent 4e-4."})
+    per_device_train_batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.0
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    logging_steps: int = 10
+    eval_steps: int | None = None
+    save_steps: int = 500
+    save_total_limit: int | None = 2
+    seed: int = 42
+    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "'last' (the latest checkpoint) or a path."})
+    ddp_backend: str | None = field(default=None, metadata={"help": "e.g. gloo for multi-process CPU runs."})
+    dataloader_num_workers: int = 0
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Raise a ValueError that names the field for every bad value."""
+        if not self.model:
+            raise ValueError("`model` is required: our checkpoint folder or Hub id.")
+        if not self.output_dir:
+            raise ValueError("`output_dir` is required.")
+        positive_ints = ["query_max_length", "passage_max_length", "gradcache_mini_batch_size", "lora_r", "lora_alpha",
+                         "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "save_steps"]
+        for name in positive_ints + ["num_negatives", "eval_steps", "granularity", "block_size", "max_train_rows"]:
+            value = getattr(self, name)
+            if value is None and name not in positive_ints:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                if name == "num_negatives" and value == 0:
+                    continue
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        for name in ("temperature", "teacher_temperature", "num_train_epochs"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}.")
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be > 0, got {self.learning_rate!r}.")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"`warmup_ratio` must be in [0, 1), got {self.warmup_ratio!r}.")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"`lora_dropout` must be in [0, 1), got {self.lora_dropout!r}.")
+        if self.distill_weight < 0:
+            raise ValueError(f"`distill_weight` must be >= 0, got {self.distill_weight!r}.")
+        choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora"), "save_mode": ("merged", "adapter"),
+                   "splitter": ("fixed", "variable", "sentence", None), "schedule": ("auto", "horizontal", "vertical", None)}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Unknown `{name}` {getattr(self, name)!r}; expected one of {[a for a in allowed if a]}.")
+        if self.granularities is not None and (not self.granularities or any(
+                isinstance(g, bool) or not isinstance(g, int) or g <= 0 for g in self.granularities)):
+            raise ValueError(f"`granularities` must be a non-empty list of positive integers, got {self.granularities!r}.")
+        if self.eval_data not in (None, "stdlib", "none"):
+            raise ValueError(f"`eval_data` must be 'stdlib' or none, got {self.eval_data!r}.")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"`max_steps` must be -1 (use num_train_epochs) or positive, got {self.max_steps!r}.")
+
+    # ---- files -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> TrainConfig:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a training config must be a mapping of field: value.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {unknown}.")
+        data.update(overrides)
+        return cls(**data)
+
+    def to_yaml(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(yaml.safe_dump(asdict(self), sort_keys=False))
+        return path

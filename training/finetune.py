@@ -1,0 +1,339 @@
+"""Contrastive fine-tuning of our checkpoints on the field's engines.
+
+sentence-transformers provides the trainer, InfoNCE (MultipleNegativesRankingLoss), GradCache
+(CachedMultipleNegativesRankingLoss), the KL distillation loss and the IR evaluator; peft the
+LoRA adapters; bitsandbytes 4-bit QLoRA; accelerate / torchrun the multi-process runs; datasets
+the data. This module only wires them to our two families:
+
+- LMK: with the `variable` splitter, g is drawn once per batch (queries and passages alike) from
+  the configured set; queries and passages have separate max lengths.
+- Recurrent: instructions go on queries only; the schedule may be vertical for long passages
+  (gradients through the carried state are exact).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
+from torch import nn
+
+from .config import FAMILY_LEARNING_RATES, FAMILY_LORA_TARGETS, TrainConfig
+from .data import load_training_rows, stdlib_training_rows, to_training_dataset
+
+logger = logging.getLogger(__name__)
+
+RUN_CONFIG_NAME = "run_config.yaml"
+EVAL_NAME = "stdlib-heldout"
+
+
+# ---- pieces -------------------------------------------------------------------------------------
+
+
+@dataclass
+class EmbeddingDataCollator(SentenceTransformerDataCollator):
+    """sentence-transformers' collator, plus: query vs passage max lengths by column position,
+    and (LMK `variable` splitter) one granularity drawn per batch. `drawn` records the draws."""
+
+    embedder: object = None
+    query_max_length: int = 128
+    passage_max_length: int = 512
+    drawn: list = field(default_factory=list)
+
+    def _get_task_for_column(self, column_name, column_position, router_mapping):
+        return "query" if column_position == 0 else "passage"
+
+    def _get_max_length_for_task(self, task):
+        return self.query_max_length if task == "query" else self.passage_max_length
+
+    def __call__(self, features):
+        draw = getattr(self.embedder, "draw_batch_granularity", None)
+        if draw is not None:
+            granularity = draw()
+            if granularity is not None:
+                self.drawn.append(granularity)
+        batch = super().__call__(features)
+        for key in [k for k in batch if k.endswith("_task")]:  # column roles, not model inputs
+            del batch[key]
+        return batch
+
+
+class InfoNCEWithDistillation(nn.Module):
+    """InfoNCE plus `weight` x KL(teacher || student) over (positive, negatives), on one embedding pass."""
+
+    def __init__(self, model, temperature: float, weight: float, teacher_temperature: float, gather_across_devices: bool):
+        super().__init__()
+        from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
+
+        self.model = model
+        self.infonce = MultipleNegativesRankingLoss(model, scale=1 / temperature, gather_across_devices=gather_across_devices)
+        self.distill = DistillKLDivLoss(model, student_temperature=temperature, teacher_temperature=teacher_temperature)
+        self.weight = weight
+
+    def forward(self, sentence_features, labels):
+        embeddings = [self.model(features)["sentence_embedding"] for features in sentence_features]
+        return self.infonce.compute_loss_from_embeddings(embeddings, labels) + self.weight * (
+            self.distill.compute_loss_from_embeddings(embeddings, labels)
+        )
+
+
+def model_family(model: str) -> tuple[str, str]:
+    """(our model_type, the backbone's model_type) of a checkpoint folder or Hub id."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model, trust_remote_code=True)
+    if config.model_type not in FAMILY_LEARNING_RATES:
+        raise ValueError(f"`model` must be one of our checkpoints (LMK or recurrent); {model!r} is {config.model_type!r}.")
+    return config.model_type, config.backbone_config.model_type
+
+
+def check_qlora_supported(model: str) -> None:
+    """QLoRA needs bitsandbytes; on CPU its 4-bit kernels need layer widths that are multiples of 32."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as error:
+        raise ValueError("`finetune='qlora'` needs bitsandbytes: pip install 'lmk-embed[train]'.") from error
+    if torch.cuda.is_available():
+        return
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(model, trust_remote_code=True)
+    with torch.device("meta"):
+        skeleton = AutoModel.from_config(config, trust_remote_code=True)
+    odd = [f"{name} ({m.in_features}->{m.out_features})" for name, m in skeleton.named_modules()
+           if isinstance(m, nn.Linear) and (m.in_features % 32 or m.out_features % 32)]
+    if odd:
+        raise ValueError(
+            "`finetune='qlora'` cannot run on this CPU-only machine: bitsandbytes' CPU 4-bit kernels need every "
+            f"linear layer's widths to be multiples of 32, and these are not: {odd[:4]}"
+            f"{' ...' if len(odd) > 4 else ''}. Use finetune='lora' here, or a GPU."
+        )
+
+
+def apply_overrides(embedder, config: TrainConfig, family: str) -> None:
+    """Per-run changes to the model's own config (saved with the trained model) and tokenizer."""
+    model_config = embedder.config
+    if family == "lmk_embedder":
+        for name in ("splitter", "granularities", "granularity"):
+            if getattr(config, name) is not None:
+                setattr(model_config, name, getattr(config, name))
+        model_config.check()
+        embedder.tokenizer.init_kwargs.update(model_config.tokenizer_options())
+    else:
+        for name in ("schedule", "block_size"):
+            if getattr(config, name) is not None:
+                setattr(model_config, name, getattr(config, name))
+        model_config.check()
+    if config.splitter is not None and family != "lmk_embedder":
+        raise ValueError("`splitter` applies to LMK models only.")
+    if config.schedule is not None and family == "lmk_embedder":
+        raise ValueError("`schedule` applies to recurrent models only.")
+
+
+def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: str):
+    """The checkpoint as a SentenceTransformer, with LoRA (or 4-bit + LoRA) attached as asked."""
+    from peft import LoraConfig
+    from sentence_transformers import SentenceTransformer
+
+    model_kwargs = {}
+    if config.finetune == "qlora":
+        check_qlora_supported(config.model)
+        from transformers import BitsAndBytesConfig
+
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+            bnb_4bit_use_double_quant=True,
+        )
+    st = SentenceTransformer(config.model, trust_remote_code=True, model_kwargs=model_kwargs or None)
+    embedder = st.transformers_model
+    apply_overrides(embedder, config, family)
+    if config.finetune == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        prepare_model_for_kbit_training(embedder, use_gradient_checkpointing=config.gradient_checkpointing)
+    if config.finetune in ("lora", "qlora"):
+        targets = config.lora_target_modules or FAMILY_LORA_TARGETS.get(backbone_type, "all-linear")
+        st.add_adapter(LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                                  target_modules=targets))
+    return st, embedder
+
+
+def build_loss(config: TrainConfig, st, has_teacher_scores: bool):
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    if has_teacher_scores and config.distill_weight > 0:
+        if config.loss == "gradcache":
+            raise ValueError("`loss='gradcache'` with teacher_scores distillation is not supported; use loss='infonce'.")
+        return InfoNCEWithDistillation(st, config.temperature, config.distill_weight, config.teacher_temperature,
+                                       config.gather_across_devices)
+    if config.loss == "gradcache":
+        return CachedMultipleNegativesRankingLoss(st, scale=1 / config.temperature, mini_batch_size=config.gradcache_mini_batch_size,
+                                                  gather_across_devices=config.gather_across_devices)
+    return MultipleNegativesRankingLoss(st, scale=1 / config.temperature, gather_across_devices=config.gather_across_devices)
+
+
+def build_evaluator(held_out, family: str, st, batch_size: int = 16):
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    queries, corpus, relevant = held_out
+    return InformationRetrievalEvaluator(
+        queries, corpus, relevant, name=EVAL_NAME, batch_size=batch_size, show_progress_bar=False, write_csv=False,
+        query_prompt=st.prompts.get("query") or None, corpus_prompt=st.prompts.get("document") or None,
+        accuracy_at_k=[1], precision_recall_at_k=[1, 10], mrr_at_k=[10], ndcg_at_k=[10], map_at_k=[10],
+    )
+
+
+# ---- saving -------------------------------------------------------------------------------------
+
+
+def merge_adapters(model) -> None:
+    """Fold every LoRA layer into its base weight and drop the adapter modules."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, module.get_base_layer())
+    model._hf_peft_config_loaded = False
+    if hasattr(model, "peft_config"):
+        del model.peft_config
+
+
+def save_final(config: TrainConfig, st, embedder, family: str) -> Path:
+    """The trained model as a full checkpoint (full / merged) or as a LoRA adapter."""
+    from transformers import AutoModel
+
+    from lmk_embed.checkpoint import save_checkpoint
+
+    final_dir = Path(config.output_dir) / "final"
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+    if config.finetune == "full":
+        save_checkpoint(embedder, embedder.tokenizer, final_dir)
+    elif config.save_mode == "adapter":
+        embedder.save_pretrained(final_dir)  # adapter_config.json + adapter_model.safetensors
+    else:  # merge into the unquantised base weights, loaded fresh
+        with tempfile.TemporaryDirectory() as adapter_dir:
+            embedder.save_pretrained(adapter_dir)
+            base = AutoModel.from_pretrained(config.model, trust_remote_code=True)
+            for name in ("splitter", "granularities", "granularity", "schedule", "block_size"):
+                if hasattr(base.config, name):
+                    setattr(base.config, name, getattr(embedder.config, name))
+            conversions = getattr(base, "_weight_conversions", None)
+            base.load_adapter(adapter_dir)
+            merge_adapters(base)
+            # load_adapter records a PEFT key mapping that save_pretrained would apply to every weight.
+            base._weight_conversions = conversions
+            base.tokenizer = embedder.tokenizer
+            save_checkpoint(base, embedder.tokenizer, final_dir)
+    config.to_yaml(final_dir / RUN_CONFIG_NAME)
+    return final_dir
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+
+def train(config: TrainConfig) -> dict:
+    """Run `config`; returns the trained SentenceTransformer ("model"), "final_dir", held-out "metrics",
+    "log_history", "granularities_drawn", "load_report" and "global_step"."""
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+    from transformers import set_seed
+
+    set_seed(config.seed)
+    family, backbone_type = model_family(config.model)
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config.to_yaml(output_dir / RUN_CONFIG_NAME)
+
+    st, embedder = load_sentence_transformer(config, family, backbone_type)
+    held_out = None
+    if config.train_data == "stdlib":
+        negatives = 1 if config.num_negatives is None else config.num_negatives
+        rows, held_out = stdlib_training_rows(num_negatives=negatives, seed=config.seed)
+        report = None
+    else:
+        rows, report = load_training_rows(config.train_data, config.num_negatives)
+        if config.eval_data == "stdlib":
+            _, held_out = stdlib_training_rows(num_negatives=0, seed=config.seed)
+    if config.eval_data in (None, "none"):
+        held_out = None
+    if config.max_train_rows is not None:
+        rows = rows[: config.max_train_rows]
+    query_prefix = embedder.config.query_prompt if family == "recurrent_embedder" else None
+    dataset = to_training_dataset(rows, query_prefix=query_prefix)
+    has_scores = "label" in dataset.column_names
+    if has_scores and config.distill_weight == 0:
+        dataset = dataset.remove_columns("label")
+    loss = build_loss(config, st, has_scores)
+
+    evaluator = build_evaluator(held_out, family, st) if held_out else None
+    eval_during_training = evaluator is not None and config.eval_steps is not None
+    if eval_during_training and config.finetune == "qlora" and not torch.cuda.is_available():
+        # bitsandbytes on CPU repacks 4-bit weights irreversibly on an eval-mode forward.
+        logger.warning("QLoRA on CPU: evaluation runs after training only (an eval forward would break training).")
+        eval_during_training = False
+
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(output_dir / "checkpoints"),
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        learning_rate=config.learning_rate or FAMILY_LEARNING_RATES[family],
+        num_train_epochs=config.num_train_epochs,
+        max_steps=config.max_steps,
+        warmup_steps=config.warmup_ratio,  # a float below 1 is a ratio of the total steps
+        weight_decay=config.weight_decay,
+        lr_scheduler_type="linear",
+        bf16=config.bf16,
+        activation_checkpointing=config.gradient_checkpointing,
+        logging_steps=config.logging_steps,
+        eval_strategy="steps" if eval_during_training else "no",
+        eval_steps=config.eval_steps if eval_during_training else None,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=config.save_total_limit,
+        seed=config.seed,
+        data_seed=config.seed,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        report_to="none",
+        ddp_backend=config.ddp_backend,
+        dataloader_num_workers=config.dataloader_num_workers,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        disable_tqdm=False,
+    )
+    collator = EmbeddingDataCollator(
+        preprocess_fn=st.preprocess, embedder=embedder,
+        query_max_length=config.query_max_length, passage_max_length=config.passage_max_length,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=st, args=args, train_dataset=dataset, loss=loss,
+        evaluator=evaluator if eval_during_training else None, data_collator=collator,
+    )
+    resume = config.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
+
+    metrics = {}
+    if trainer.is_world_process_zero():
+        if evaluator is not None:
+            metrics = evaluator(st)
+        final_dir = save_final(config, st, embedder, family)
+    else:
+        final_dir = output_dir / "final"
+    return {
+        "model": st,
+        "log_history": trainer.state.log_history,
+        "final_dir": final_dir,
+        "metrics": metrics,
+        "granularities_drawn": collator.drawn,
+        "load_report": report,
+        "global_step": trainer.state.global_step,
+    }
