@@ -365,3 +365,19 @@ def test_long_texts_are_tokenized_piecewise_with_the_same_ids(model, monkeypatch
     assert batch.input_ids[0, batch.lengths[0] - 1] == tokenizer.eos_token_id
     cut = tokenizer.build_batch([text], max_length=200)
     assert cut.truncated[0] and cut.input_ids[0, :199].tolist() == expected[:199]
+
+
+def test_rwkv_vertical_matches_horizontal():
+    from transformers import RwkvConfig
+
+    torch.manual_seed(0)
+    backbone = RwkvConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                          intermediate_size=64, context_length=1024, bos_token_id=0, eos_token_id=0)
+    model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=7)).eval()
+    lengths = [23, 7, 8, 1]
+    ids = torch.randint(1, 200, (len(lengths), max(lengths)))
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    with torch.no_grad():
+        vertical = model(ids, mask, schedule="vertical").embeddings
+        expected = torch.stack([model.backbone(ids[i : i + 1, :n]).last_hidden_state[0, -1] for i, n in enumerate(lengths)])
+    assert (vertical - expected).abs().max() <= 1e-4
