@@ -112,12 +112,27 @@ def _run_convert_recurrent(args) -> int:
     return 0
 
 
+def _run_card(args) -> int:
+    from model_cards import check_card, write_card
+
+    path = write_card(args.checkpoint, model_id=args.model_id, license=args.license)
+    check_card(path)
+    print(f"Model card written to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmk-embed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_lmk(subparsers)
     _add_convert_recurrent(subparsers)
     subparsers.add_parser("train", help="Fine-tune a checkpoint: lmk-embed train --config run.yaml [--field value ...]")
+    subparsers.add_parser("push", help="Stage, validate and upload a checkpoint: lmk-embed push CHECKPOINT REPO_ID ...")
+    card = subparsers.add_parser("card", help="Write (or refresh) a checkpoint's model card README.md.")
+    card.add_argument("checkpoint")
+    card.add_argument("--model-id", default=None, help="org/name used in the card's snippets")
+    card.add_argument("--license", default="apache-2.0")
+    card.set_defaults(handler=_run_card)
     return parser
 
 
@@ -125,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # dataclass-driven parser of its own
         return _run_train(argv[1:])
+    if argv[:1] == ["push"]:  # push.py's own parser
+        import push
+
+        return push.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.handler(args)

@@ -1,0 +1,288 @@
+"""Model cards for our checkpoints: huggingface_hub's ModelCard / ModelCardData and `template.md`.
+
+`write_card(checkpoint)` writes `README.md` (and, when an extrapolation result exists, the plot
+`ndcg_vs_max_length.png`) into a checkpoint folder from what the folder holds: `config.json`,
+the saved training run (`run_config.yaml`) and recorded evaluation results (`eval_results.json`,
+written by `record_results`). Re-run it whenever the results change.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+TEMPLATE = Path(__file__).resolve().parent / "template.md"
+RESULTS_FILE = "eval_results.json"
+PLOT_FILE = "ndcg_vs_max_length.png"
+MODEL_ID_PLACEHOLDER = "your-org/your-model"
+
+CITATIONS = {
+    "lmk_embedder": """@article{doshi2026lmk,
+  title   = {LMK > CLS: Landmark Pooling for Dense Embeddings},
+  author  = {Doshi and others},
+  journal = {arXiv preprint arXiv:2601.21525},
+  year    = {2026}
+}""",
+    "recurrent_embedder": """@article{grantner2026recurrent,
+  title   = {Linear-Time and Constant-Memory Text Embeddings Based on Recurrent Language Models},
+  author  = {Grantner and Sallinger and Flechl},
+  journal = {arXiv preprint arXiv:2604.18199},
+  year    = {2026}
+}""",
+}
+
+LIMITATIONS = {
+    "lmk_embedder": [
+        "Landmark pooling averages one vector per chunk: a single relevant sentence in a very long document "
+        "(needle / passkey retrieval) is diluted, a weakness the LMK paper reports.",
+        "The `sentence` splitter is weaker on code, whose line structure does not follow sentence punctuation.",
+        "Inputs longer than the backbone's position limit are truncated (landmarks count against it); a "
+        "warning says so.",
+    ],
+    "recurrent_embedder": [
+        "The embedding is the final recurrent state at EOS: a fixed-size state summarises the whole text, so "
+        "details from early in a very long document can fade.",
+        "Queries need the instruction prefix (`encode_query` adds it); documents take none.",
+        "On CPU the vertical schedule uses a plain-torch scan; the fused CUDA kernels need the `cuda` extra.",
+    ],
+}
+NOT_EVALUATED = "Not evaluated here: MTEB, MLDR, LongEmbed or any benchmark beyond those in the table above."
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def record_results(checkpoint: str | Path, results: list[dict] | None = None, extrapolation: dict | None = None) -> Path:
+    """Store evaluation results beside a checkpoint, for its card.
+
+    results: [{"dataset", "dataset_type", "split", "metric", "value", "max_length"}, ...]
+    extrapolation: {"dataset", "metric", "points": {max_length: value}}
+    """
+    path = Path(checkpoint) / RESULTS_FILE
+    data = load_json(path)
+    if results is not None:
+        data["results"] = results
+    if extrapolation is not None:
+        data["extrapolation"] = extrapolation
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def _lora_targets(backbone_type: str):
+    return ["in_proj"] if backbone_type == "mamba2" else "all-linear"
+
+
+def _snippets(family: str, model_id: str, backbone_type: str) -> dict[str, str]:
+    if family == "lmk_embedder":
+        automodel = f'''from transformers import AutoModel
+
+model_id = "{model_id}"
+model = AutoModel.from_pretrained(model_id, trust_remote_code=True)
+documents = ["A long document about the json module. " * 40, "A short note about zip archives."]
+document_embeddings = model.encode_document(documents)          # [2, D], L2-normalised
+query_embeddings = model.encode_query(["How do I parse JSON?"])
+print(query_embeddings @ document_embeddings.T)
+chunks = model.encode(documents[0], output_value="landmarks")  # one vector per landmark, with its span
+print(len(chunks["embeddings"]), chunks["spans"][:2])'''
+    else:
+        automodel = f'''from transformers import AutoModel
+
+model_id = "{model_id}"
+model = AutoModel.from_pretrained(model_id, trust_remote_code=True)
+documents = ["A long document about the json module. " * 40, "A short note about zip archives."]
+document_embeddings = model.encode_document(documents)          # no instruction on documents
+query_embeddings = model.encode_query(["How do I parse JSON?"])  # "Instruct: {{task}}\\nQuery: ..."
+print(query_embeddings @ document_embeddings.T)
+pieces = iter(["A document streamed ", "piece by piece, ", "in constant memory."])
+print(model.encode(pieces).shape)                               # same vector as the joined text'''
+    sentence_transformers = f'''from sentence_transformers import SentenceTransformer
+
+model_id = "{model_id}"
+model = SentenceTransformer(model_id, trust_remote_code=True)
+query_embeddings = model.encode_query(["How do I parse JSON?"])
+document_embeddings = model.encode_document(["The json module encodes and decodes JSON.", "Zip archives."])
+print(model.similarity(query_embeddings, document_embeddings))'''
+    peft = f'''from peft import LoraConfig
+from sentence_transformers import SentenceTransformer
+
+model_id = "{model_id}"
+model = SentenceTransformer(model_id, trust_remote_code=True)
+model.add_adapter(LoraConfig(r=16, lora_alpha=16, target_modules={_lora_targets(backbone_type)!r}))
+trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+print(f"{{trainable}} trainable parameters")  # then train with SentenceTransformerTrainer'''
+    return {"automodel": automodel, "sentence_transformers": sentence_transformers, "peft": peft}
+
+
+def _details(config: dict) -> tuple[str, str, list[tuple[str, str]]]:
+    backbone = config["backbone_config"]
+    family = config["model_type"]
+    dim = backbone.get("hidden_size")
+    if family == "lmk_embedder":
+        pooling = config.get("pooling", "lmk")
+        title_kind = "LMK (landmark)" if pooling == "lmk" else pooling
+        summary = (
+            f"A text embedding model with **{title_kind} pooling** over a `{backbone['model_type']}` encoder. "
+            "A landmark token closes every chunk of *g* tokens and the embedding is the mean of the landmark "
+            "states (arXiv 2601.21525)." if pooling == "lmk" else
+            f"A text embedding model with **{pooling} pooling** over a `{backbone['model_type']}` encoder "
+            "(a baseline of the LMK paper, arXiv 2601.21525)."
+        )
+        granularities = ", ".join(str(g) for g in config.get("granularities", []))
+        details = [
+            ("Family", "LMK encoder (`LMKModel`)"),
+            ("Backbone", f"`{backbone['model_type']}`, {backbone.get('num_hidden_layers')} layers"),
+            ("Pooling", f"`{pooling}`"),
+            ("Splitter", f"`{config.get('splitter')}`"),
+            ("Granularity (inference)", str(config.get("granularity"))),
+            ("Granularity set (variable splitter)", granularities),
+            ("Max length", str(config.get("max_length") or backbone.get("max_position_embeddings"))),
+            ("Dimension", str(dim)),
+            ("Normalised", str(config.get("normalize", True))),
+        ]
+    else:
+        summary = (
+            f"A text embedding model built on a `{backbone['model_type']}` recurrent language model: EOS is appended "
+            "to every input and the final-layer state at EOS is the embedding (arXiv 2604.18199). Long inputs run "
+            "in constant memory with the vertical schedule."
+        )
+        details = [
+            ("Family", "recurrent (`RecurrentEmbedModel`)"),
+            ("Backbone", f"`{backbone['model_type']}`, {backbone.get('num_hidden_layers')} layers"),
+            ("Pooling", "final-layer state at EOS"),
+            ("Schedule", f"`{config.get('schedule')}` (block size V = {config.get('block_size')})"),
+            ("Query instruction", f"`{config.get('query_template', '').strip()}` (default task: {config.get('default_task')})"),
+            ("Max length", str(config.get("max_length") or "unbounded (vertical schedule)")),
+            ("Dimension", str(dim)),
+            ("Normalised", str(config.get("normalize", True))),
+        ]
+    return family, summary, details
+
+
+def _training_rows(run: dict) -> list[tuple[str, str]]:
+    if not run:
+        return []
+    data = run.get("train_data")
+    data_text = "Python standard-library documentation (synopsis -> page; siblings as hard negatives)" if data == "stdlib" else f"`{Path(str(data)).name}`"
+    adapter = run.get("finetune")
+    if adapter in ("lora", "qlora"):
+        adapter += f" (r={run.get('lora_r')}, alpha={run.get('lora_alpha')}, targets={run.get('lora_target_modules') or 'default'})"
+    rows = [
+        ("Data", data_text),
+        ("Objective", f"InfoNCE, temperature {run.get('temperature')}" + (" with GradCache" if run.get("loss") == "gradcache" else "")),
+        ("Fine-tuning", adapter),
+        ("Steps", str(run.get("max_steps")) if run.get("max_steps", -1) > 0 else f"{run.get('num_train_epochs')} epochs"),
+        ("Batch size", str(run.get("per_device_train_batch_size"))),
+        ("Learning rate", str(run.get("learning_rate") or "family default")),
+        ("Hard negatives per query", str(run.get("num_negatives") if run.get("num_negatives") is not None else "all given")),
+        ("Max length (query / passage)", f"{run.get('query_max_length')} / {run.get('passage_max_length')}"),
+        ("Seed", str(run.get("seed"))),
+    ]
+    if run.get("splitter"):
+        rows.append(("Splitter while training", f"`{run['splitter']}` over {run.get('granularities')}"))
+    return rows
+
+
+def _plot(folder: Path, extrapolation: dict) -> str | None:
+    points = extrapolation.get("points") or {}
+    if len(points) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted(int(k) for k in points)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(lengths, [points[str(n)] if str(n) in points else points[n] for n in lengths], marker="o")
+    ax.set_xlabel("max length (tokens)")
+    ax.set_ylabel(extrapolation.get("metric", "ndcg_at_10"))
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.set_title(extrapolation.get("dataset", ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(folder / PLOT_FILE, dpi=110)
+    plt.close(fig)
+    return PLOT_FILE
+
+
+def build_card(checkpoint: str | Path, model_id: str | None = None, license: str = "apache-2.0") -> ModelCard:
+    """The card for a checkpoint folder (see the module docstring); nothing is written."""
+    folder = Path(checkpoint)
+    config = load_json(folder / "config.json")
+    if config.get("model_type") not in CITATIONS:
+        raise ValueError(f"{folder} is not one of our checkpoints (config.json model_type {config.get('model_type')!r}).")
+    run = yaml.safe_load((folder / "run_config.yaml").read_text()) if (folder / "run_config.yaml").is_file() else {}
+    results = load_json(folder / RESULTS_FILE)
+    family, summary, details = _details(config)
+    backbone_type = config["backbone_config"]["model_type"]
+    name = model_id or MODEL_ID_PLACEHOLDER
+    eval_results = [
+        EvalResult(task_type="retrieval", task_name="Retrieval", dataset_type=row["dataset_type"], dataset_name=row["dataset"],
+                   dataset_split=row.get("split", "test"), metric_type=row["metric"], metric_value=float(row["value"]))
+        for row in results.get("results", [])
+    ] or None
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "custom_code", "long-context",
+            "landmark-pooling" if family == "lmk_embedder" else backbone_type]
+    if family == "recurrent_embedder":
+        tags.append("recurrent")
+    train_data = run.get("train_data")
+    datasets = [train_data] if train_data and train_data != "stdlib" and "/" in str(train_data) and not Path(str(train_data)).exists() else None
+    card_data = ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag="sentence-similarity",
+        tags=tags,
+        base_model=config.get("base_model"),
+        datasets=datasets,
+        language=["en"],
+        license=license,
+        model_name=name.split("/")[-1],
+        eval_results=eval_results,
+    )
+    plot = _plot(folder, results["extrapolation"]) if results.get("extrapolation") else None
+    extrapolation = results.get("extrapolation") or {}
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE),
+        title=name.split("/")[-1],
+        summary=summary,
+        details=details,
+        snippets=_snippets(family, name, backbone_type),
+        training=_training_rows(run),
+        backbone_source=config.get("base_model") or f"a {backbone_type} checkpoint",
+        evaluations=results.get("results", []),
+        plot=plot,
+        plot_caption=f"{extrapolation.get('dataset', '')}" if plot else "",
+        limitations=LIMITATIONS[family] + [NOT_EVALUATED],
+        citation=CITATIONS[family],
+    )
+
+
+def write_card(checkpoint: str | Path, model_id: str | None = None, license: str = "apache-2.0") -> Path:
+    """Write README.md (and the extrapolation plot, when there is one) into the checkpoint folder."""
+    card = build_card(checkpoint, model_id=model_id, license=license)
+    path = Path(checkpoint) / "README.md"
+    card.save(path)
+    return path
+
+
+def check_card(path: str | Path) -> ModelCard:
+    """Parse a card back and validate its metadata the way huggingface_hub does offline (model-index,
+    eval results); raises ValueError on any problem. The Hub's own YAML check needs the network."""
+    card = ModelCard.load(path, ignore_metadata_errors=False)
+    data = card.data
+    problems = []
+    if data.library_name != "sentence-transformers":
+        problems.append(f"library_name is {data.library_name!r}")
+    if data.pipeline_tag not in ("sentence-similarity", "feature-extraction"):
+        problems.append(f"pipeline_tag is {data.pipeline_tag!r}")
+    if not data.license:
+        problems.append("license is missing")
+    if not data.tags or "custom_code" not in data.tags:
+        problems.append("tags must include custom_code")
+    if problems:
+        raise ValueError(f"{path}: invalid card metadata: " + "; ".join(problems))
+    return card

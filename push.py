@@ -1,0 +1,286 @@
+"""Publish a checkpoint to the Hugging Face Hub in three phases: stage -> validate -> upload.
+
+    python push.py CHECKPOINT REPO_ID [--dry-run] [--private] [--revision BRANCH] [--tag TAG]
+                   [--commit-message MSG] [--stage-dir DIR] [--max-file-mb 50]
+    lmk-embed push ...   (the same)
+
+1. stage: copy an allow-list of files into a clean staging folder: safetensors weights, config
+   and tokenizer files, the sentence-transformers files, the card, its plots and the run/results
+   files. The family's flat .py files come from this package's current source, so a checkpoint
+   never ships stale code. Refused (non-zero exit, with the reason): pickled weights (.bin, .pt,
+   .pkl, ...), non-weight files over --max-file-mb, `.env` files, anything that looks like a Hub
+   token (`hf_` + 30 characters) or a private key. Files outside the allow-list are listed and left out.
+2. validate: in a fresh process, offline, from another directory: load the staged folder with
+   AutoModel and with SentenceTransformer, embed a fixed probe set, compare with the source
+   checkpoint (max abs diff <= 1e-5), and check the card's metadata. Any failure stops the push.
+3. upload: `HfApi.create_repo(exist_ok=True)`, then `upload_folder` (optionally to a branch) and
+   `create_tag`. The token comes from huggingface_hub's own sources (HF_TOKEN, `hf auth login`),
+   never from a flag. An unchanged checkpoint is not re-uploaded; that is reported.
+   `--dry-run` stops after validate and prints what would be uploaded, with sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmk_embed.checkpoint import FAMILIES, family_of, write_shipped_code
+
+WEIGHT_SUFFIXES = (".safetensors",)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
+ALLOWED_NAMES = {
+    "config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
+    "sentencepiece.bpe.model", "modules.json", "config_sentence_transformers.json", "embedder_module_config.json",
+    "1_Normalize/config.json", "README.md", "run_config.yaml", "eval_results.json", "generation_config.json",
+}
+ALLOWED_SUFFIXES = WEIGHT_SUFFIXES + (".png",)
+TOKEN_PATTERN = re.compile(rb"hf_[A-Za-z0-9]{30,}")
+PRIVATE_KEY_PATTERN = re.compile(rb"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----")
+PROBE_TEXTS = [
+    "How do I parse a JSON document in Python?",
+    "The json module exposes an API familiar to users of the marshal and pickle modules. " * 30,
+    "Zip archives: read and write ZIP files.",
+    "",
+]
+
+
+class PushError(Exception):
+    """A reason to stop the push; the command exits non-zero with it."""
+
+
+@dataclass
+class StageReport:
+    folder: Path
+    files: dict[str, int] = field(default_factory=dict)  # relative path -> bytes
+    refreshed_code: list[str] = field(default_factory=list)  # shipped .py files replaced by current source
+    left_out: list[str] = field(default_factory=list)
+
+
+# ---- 1. stage ---------------------------------------------------------------------------------
+
+
+def _relative_files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50.0) -> StageReport:
+    """Copy the allow-listed files of `checkpoint` into a fresh `stage_dir` (see the module docstring)."""
+    source = Path(checkpoint)
+    if not source.is_dir():
+        raise PushError(f"{source} is not a checkpoint folder.")
+    if (source / "adapter_config.json").exists():
+        raise PushError(f"{source} holds a LoRA adapter, not a full checkpoint: merge it (save_mode='merged') first.")
+    family = family_of(source)
+    files = _relative_files(source)
+    refusals = []
+    for name in files:
+        path = source / name
+        lower = name.lower()
+        if lower.endswith(PICKLE_SUFFIXES):
+            refusals.append(f"{name}: pickled weights are not published (use safetensors)")
+        elif Path(lower).name == ".env" or Path(lower).name.startswith(".env."):
+            refusals.append(f"{name}: environment files are never published")
+        elif not lower.endswith(WEIGHT_SUFFIXES) and path.stat().st_size > max_file_mb * 2**20:
+            refusals.append(f"{name}: {path.stat().st_size / 2**20:.2f} MB is over --max-file-mb={max_file_mb:g} and is not weights")
+        elif not lower.endswith(WEIGHT_SUFFIXES + (".png",)):
+            content = path.read_bytes()
+            if TOKEN_PATTERN.search(content):
+                refusals.append(f"{name}: contains what looks like a Hugging Face token (hf_...)")
+            if PRIVATE_KEY_PATTERN.search(content):
+                refusals.append(f"{name}: contains a private key")
+    if refusals:
+        raise PushError("refusing to stage " + str(source) + ":\n  " + "\n  ".join(refusals))
+    if not (source / "model.safetensors").exists() and not (source / "model.safetensors.index.json").exists():
+        raise PushError(f"{source} has no model.safetensors.")
+
+    target = Path(stage_dir)
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    report = StageReport(folder=target)
+    shipped = set(FAMILIES[family]["files"])
+    for name in files:
+        if name in shipped:
+            continue
+        if name in ALLOWED_NAMES or name.endswith(ALLOWED_SUFFIXES):
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, target / name)
+        else:
+            report.left_out.append(name)
+    write_shipped_code(target, family)
+    for name in shipped:
+        old = source / name
+        if not old.exists() or old.read_bytes() != (target / name).read_bytes():
+            report.refreshed_code.append(name)
+    report.files = {name: (target / name).stat().st_size for name in _relative_files(target)}
+    return report
+
+
+# ---- 2. validate --------------------------------------------------------------------------------
+
+VALIDATE_SCRIPT = r"""
+import json, sys
+import numpy as np
+from transformers import AutoModel
+from sentence_transformers import SentenceTransformer
+
+staged, source, family = sys.argv[1], sys.argv[2], sys.argv[3]
+texts = json.loads(sys.argv[4])
+if family == "lmk_embedder":
+    from lmk_embed.modeling_lmk import LMKModel as Reference
+    from lmk_embed.tokenization_lmk import LMKTokenizer as ReferenceTokenizer
+else:
+    from lmk_embed.modeling_recurrent import RecurrentEmbedModel as Reference
+    from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer as ReferenceTokenizer
+reference = Reference.from_pretrained(source)  # the source's weights, config and tokenizer files
+reference.tokenizer = ReferenceTokenizer.from_pretrained(source)
+expected = reference.encode(texts)
+auto = AutoModel.from_pretrained(staged, trust_remote_code=True).encode(texts)
+st = SentenceTransformer(staged, trust_remote_code=True, device="cpu").encode(texts)
+from model_cards import check_card
+check_card(staged + "/README.md")
+print(json.dumps({"automodel": float(np.abs(auto - expected).max()), "sentence_transformers": float(np.abs(st - expected).max())}))
+"""
+
+
+def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5) -> dict[str, float]:
+    """Load the staged folder in a fresh offline process elsewhere; compare with the source checkpoint."""
+    staged, checkpoint = Path(staged).resolve(), Path(checkpoint).resolve()
+    if not (staged / "README.md").is_file():
+        raise PushError(f"{staged} has no README.md model card (write one with `lmk-embed card`).")
+    repo_root = Path(__file__).resolve().parent
+    with tempfile.TemporaryDirectory() as elsewhere:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(Path(elsewhere) / "modules"),
+                   PYTHONPATH=os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        command = [sys.executable, "-c", VALIDATE_SCRIPT, str(staged), str(checkpoint), family_of(staged), json.dumps(PROBE_TEXTS)]
+        result = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise PushError(f"validation failed: the staged folder does not load or its card is invalid:\n{result.stderr[-4000:]}")
+    diffs = json.loads(result.stdout.strip().splitlines()[-1])
+    bad = {k: v for k, v in diffs.items() if not v <= tolerance}
+    if bad:
+        raise PushError(f"validation failed: staged embeddings differ from the source by {bad} (> {tolerance}).")
+    return diffs
+
+
+# ---- 3. upload ----------------------------------------------------------------------------------
+
+
+def _git_blob_sha(path: Path) -> str:
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def remote_matches(api, repo_id: str, staged: Path, revision: str | None) -> bool:
+    """True when the repo already holds exactly the staged files (same content)."""
+    try:
+        remote = {entry.path: entry for entry in api.list_repo_tree(repo_id, revision=revision, recursive=True, expand=True)
+                  if getattr(entry, "size", None) is not None}
+    except Exception:  # a new repo or branch has no tree yet
+        return False
+    local = _relative_files(staged)
+    if set(remote) - {".gitattributes"} != set(local):
+        return False
+    for name in local:
+        entry, path = remote[name], staged / name
+        lfs = getattr(entry, "lfs", None)
+        if lfs is not None:
+            if getattr(lfs, "sha256", None) != _sha256(path):
+                return False
+        elif getattr(entry, "blob_id", None) != _git_blob_sha(path):
+            return False
+    return True
+
+
+def upload(staged: str | Path, repo_id: str, *, api=None, private: bool = False, revision: str | None = None,
+           tag: str | None = None, commit_message: str | None = None) -> dict:
+    """Create the repo (exist_ok), upload the staged folder (skipped when unchanged), tag it."""
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi()  # token from HF_TOKEN or the cached login; never from the command line
+    staged = Path(staged)
+    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    if revision:
+        api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
+    outcome = {"repo_id": repo_id, "revision": revision or "main", "uploaded": False, "commit": None, "tag": None}
+    if remote_matches(api, repo_id, staged, revision):
+        print(f"{repo_id}@{outcome['revision']}: unchanged, nothing uploaded.")
+    else:
+        commit = api.upload_folder(repo_id=repo_id, folder_path=str(staged), repo_type="model", revision=revision,
+                                   commit_message=commit_message or f"Upload {staged.name}")
+        outcome.update(uploaded=True, commit=getattr(commit, "oid", None))
+        print(f"{repo_id}@{outcome['revision']}: uploaded commit {outcome['commit']}.")
+    if tag:
+        api.create_tag(repo_id, tag=tag, revision=revision, repo_type="model", exist_ok=True)
+        outcome["tag"] = tag
+        print(f"{repo_id}: tagged {tag}.")
+    return outcome
+
+
+# ---- the command ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="push.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="the checkpoint folder to publish")
+    parser.add_argument("repo_id", help="org/name on the Hub")
+    parser.add_argument("--stage-dir", default=None, help="staging folder (default: a new temporary folder)")
+    parser.add_argument("--dry-run", action="store_true", help="stop after validate; print what would be uploaded")
+    parser.add_argument("--private", action="store_true")
+    parser.add_argument("--revision", default=None, help="branch to upload to (created when missing)")
+    parser.add_argument("--tag", default=None, help="tag to create on the uploaded revision")
+    parser.add_argument("--commit-message", default=None)
+    parser.add_argument("--max-file-mb", type=float, default=50.0, help="refuse non-weight files larger than this")
+    return parser
+
+
+def main(argv: list[str] | None = None, api=None) -> int:
+    args = build_parser().parse_args(argv)
+    if "/" not in args.repo_id:
+        print(f"push: `repo_id` must look like org/name, got {args.repo_id!r}", file=sys.stderr)
+        return 2
+    stage_dir = Path(args.stage_dir) if args.stage_dir else Path(tempfile.mkdtemp(prefix="lmk-embed-stage-")) / "staged"
+    try:
+        report = stage(args.checkpoint, stage_dir, args.max_file_mb)
+        print(f"Staged {len(report.files)} files in {report.folder}")
+        if report.refreshed_code:
+            print(f"  code refreshed from the current source: {', '.join(sorted(report.refreshed_code))}")
+        if report.left_out:
+            print(f"  left out (not on the allow-list): {', '.join(report.left_out)}")
+        diffs = validate(report.folder, args.checkpoint)
+        print(f"Validated: max abs diff vs source {max(diffs.values()):.2e} (AutoModel and SentenceTransformer)")
+        if args.dry_run:
+            total = sum(report.files.values())
+            print(f"Dry run: would upload to {args.repo_id}@{args.revision or 'main'} ({total / 2**20:.2f} MB):")
+            for name, size in report.files.items():
+                print(f"  {size:>12,d}  {name}")
+            return 0
+        upload(report.folder, args.repo_id, api=api, private=args.private, revision=args.revision, tag=args.tag,
+               commit_message=args.commit_message)
+    except PushError as error:
+        print(f"push: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
