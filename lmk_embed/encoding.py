@@ -136,11 +136,60 @@ def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
         backend.encode_special_tokens = saved
 
 
+def check_tokenizer_call(owner: str, text, kwargs: dict, padding, return_tensors, specials_reason: str):
+    """Shared argument checks of our tokenizers' `__call__`; returns (is_single, texts)."""
+    if kwargs.pop("add_special_tokens", True) is not True:
+        raise ValueError(f"`add_special_tokens=False` is not supported: {specials_reason}.")
+    kwargs.pop("split_special_tokens", None)  # always True: literal special tokens are plain text
+    if kwargs:
+        raise TypeError(f"{owner}.__call__ got unsupported arguments: {sorted(kwargs)}.")
+    if padding not in (True, "longest"):
+        raise ValueError(f"`padding` must be True or 'longest' (right padding to the longest), got {padding!r}.")
+    if return_tensors not in (None, "pt", "np"):
+        raise ValueError(f"`return_tensors` must be None, 'pt' or 'np', got {return_tensors!r}.")
+    single = isinstance(text, str)
+    texts = [text] if single else text
+    if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("`text` must be a string or a list of strings.")
+    return single, list(texts)
+
+
+def to_batch_encoding(data: dict[str, np.ndarray], single: bool, return_tensors):
+    """[B, T] arrays -> BatchEncoding: python lists (one text: not batched), or "pt" / "np" arrays."""
+    from transformers import BatchEncoding
+
+    if return_tensors is None:
+        data = {key: value[0].tolist() if single else value.tolist() for key, value in data.items()}
+    return BatchEncoding(data, tensor_type="pt" if return_tensors == "pt" else None)
+
+
 class EncoderMixin:
-    """Adds `encode()`-style batching to a family model. See the module docstring."""
+    """What both family models share: `encode()`-style batching (see the module docstring), the
+    lazily loaded tokenizer (`tokenizer_class`) and the backbone's input embeddings."""
 
     supports_streaming: bool = False
     output_values: tuple[str, ...] = ("embedding",)
+    tokenizer_class = None
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer, loaded from the model's folder or Hub id on first use."""
+        if getattr(self, "_tokenizer", None) is None:
+            if not self.name_or_path:
+                name = self.tokenizer_class.__name__
+                raise ValueError(f"This model has no tokenizer: set `model.tokenizer = {name}.from_pretrained(...)`.")
+            self._tokenizer = self.tokenizer_class.from_pretrained(self.name_or_path)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
 
     # Families implement these.
     def _prepare_encode(self, **options) -> dict:  # pragma: no cover - abstract

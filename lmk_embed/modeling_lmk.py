@@ -135,6 +135,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
     """
 
     output_values = ("embedding", "landmarks")
+    tokenizer_class = LMKTokenizer
     forward_input_names = ("input_ids", "attention_mask", "landmark_mask")
 
     def __init__(self, config: LMKConfig):
@@ -149,26 +150,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         self._batch_granularity = None
         self.post_init()
 
-    # ---- tokenizer ----------------------------------------------------------------------------
-
-    @property
-    def tokenizer(self) -> LMKTokenizer:
-        """The checkpoint's landmark tokenizer, loaded on first use."""
-        if self._tokenizer is None:
-            if not self.name_or_path:
-                raise ValueError("This model has no tokenizer: set `model.tokenizer = LMKTokenizer.from_pretrained(...)`.")
-            self._tokenizer = LMKTokenizer.from_pretrained(self.name_or_path)
-        return self._tokenizer
-
-    @tokenizer.setter
-    def tokenizer(self, tokenizer) -> None:
-        self._tokenizer = tokenizer
-
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
+    # ---- forward ------------------------------------------------------------------------------
 
     # ---- forward ------------------------------------------------------------------------------
 

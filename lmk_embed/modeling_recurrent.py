@@ -215,6 +215,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
     """
 
     supports_streaming = True
+    tokenizer_class = RecurrentEmbedTokenizer
     forward_input_names = ("input_ids", "attention_mask")
 
     def __init__(self, config: RecurrentEmbedConfig):
@@ -223,24 +224,6 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         self.backbone = AutoModel.from_config(config.backbone_config)
         self._tokenizer = None
         self.post_init()
-
-    @property
-    def tokenizer(self) -> RecurrentEmbedTokenizer:
-        if self._tokenizer is None:
-            if not self.name_or_path:
-                raise ValueError("This model has no tokenizer: set `model.tokenizer = RecurrentEmbedTokenizer...`.")
-            self._tokenizer = RecurrentEmbedTokenizer.from_pretrained(self.name_or_path)
-        return self._tokenizer
-
-    @tokenizer.setter
-    def tokenizer(self, tokenizer) -> None:
-        self._tokenizer = tokenizer
-
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
 
     @property
     def state_carrier(self) -> str | None:

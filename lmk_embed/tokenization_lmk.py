@@ -36,7 +36,7 @@ import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
 from .configuration_lmk import DEFAULT_GRANULARITIES, POOLINGS, SPLITTERS
-from .encoding import encode_content
+from .encoding import check_tokenizer_call, encode_content, to_batch_encoding
 
 MIN_MAX_LENGTH = 3  # [CLS] + one token + a landmark
 # Tokenizers without a real limit report a huge sentinel as model_max_length.
@@ -175,23 +175,13 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         Returns a BatchEncoding with `input_ids`, `attention_mask` and `landmark_mask` (lists,
         or tensors with `return_tensors="pt"` / `"np"`), plus `landmark_spans` when asked for.
         """
-        if kwargs.pop("add_special_tokens", True) is not True:
-            raise ValueError("`add_special_tokens=False` is not supported: the landmark layout defines them.")
-        kwargs.pop("split_special_tokens", None)  # always True here: literal special tokens are text
-        if kwargs:
-            raise TypeError(f"LMKTokenizer.__call__ got unsupported arguments: {sorted(kwargs)}.")
-        if padding not in (True, "longest"):
-            raise ValueError(f"`padding` must be True or 'longest' (right padding to the longest), got {padding!r}.")
-        if return_tensors not in (None, "pt", "np"):
-            raise ValueError(f"`return_tensors` must be None, 'pt' or 'np', got {return_tensors!r}.")
-        single = isinstance(text, str)
-        texts = [text] if single else text
-        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("`text` must be a string or a list of strings.")
+        single, texts = check_tokenizer_call(
+            "LMKTokenizer", text, kwargs, padding, return_tensors, "the landmark layout defines them"
+        )
         if max_length is None and truncation:
             max_length = self.default_max_length()
         batch = self.build_layout(
-            list(texts),
+            texts,
             pooling=pooling,
             granularity=granularity,
             splitter=splitter,
@@ -207,9 +197,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
                 stacklevel=2,
             )
         data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "landmark_mask": batch.landmark_mask}
-        if return_tensors is None:  # python lists; a single text is not batched (one row: no padding)
-            data = {key: value[0].tolist() if single else value.tolist() for key, value in data.items()}
-        encoding = BatchEncoding(data, tensor_type="pt" if return_tensors == "pt" else None)
+        encoding = to_batch_encoding(data, single, return_tensors)
         if return_landmark_spans:
             encoding["landmark_spans"] = batch.spans[0] if single else batch.spans
         return encoding

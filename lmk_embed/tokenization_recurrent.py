@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
-from .encoding import encode_content, last_safe_cut
+from .encoding import check_tokenizer_call, encode_content, last_safe_cut, to_batch_encoding
 
 # Tokenize a stream once this many characters are pending, then keep only an unstable tail.
 STREAM_MIN_CHARS = 16_384
@@ -83,20 +83,10 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
         **kwargs,
     ) -> BatchEncoding:
         """Tokenize `text` (a string or a list of strings) into `[BOS] tokens EOS`, right-padded."""
-        if kwargs.pop("add_special_tokens", True) is not True:
-            raise ValueError("`add_special_tokens=False` is not supported: EOS is what the model pools.")
-        kwargs.pop("split_special_tokens", None)
-        if kwargs:
-            raise TypeError(f"RecurrentEmbedTokenizer.__call__ got unsupported arguments: {sorted(kwargs)}.")
-        if padding not in (True, "longest"):
-            raise ValueError(f"`padding` must be True or 'longest', got {padding!r}.")
-        if return_tensors not in (None, "pt", "np"):
-            raise ValueError(f"`return_tensors` must be None, 'pt' or 'np', got {return_tensors!r}.")
-        single = isinstance(text, str)
-        texts = [text] if single else text
-        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("`text` must be a string or a list of strings.")
-        batch = self.build_batch(list(texts), prompt=prompt, max_length=max_length if truncation else None)
+        single, texts = check_tokenizer_call(
+            "RecurrentEmbedTokenizer", text, kwargs, padding, return_tensors, "EOS is what the model pools"
+        )
+        batch = self.build_batch(texts, prompt=prompt, max_length=max_length if truncation else None)
         if batch.truncated.any():
             warnings.warn(
                 f"{int(batch.truncated.sum())} of {len(texts)} texts were longer than max_length={max_length} "
@@ -104,10 +94,7 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
                 UserWarning,
                 stacklevel=2,
             )
-        data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
-        if return_tensors is None:
-            data = {key: value[0].tolist() if single else value.tolist() for key, value in data.items()}
-        return BatchEncoding(data, tensor_type="pt" if return_tensors == "pt" else None)
+        return to_batch_encoding({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}, single, return_tensors)
 
     def build_batch(self, texts: list[str], *, prompt: str | None = None, max_length: int | None = None) -> RecurrentBatch:
         """`[BOS] (prompt + text) EOS` for each text, right-padded; see `RecurrentBatch`."""

@@ -119,3 +119,27 @@ def test_loading_without_trust_remote_code_is_refused(minilm_lmk_checkpoint):
 
     with pytest.raises(ValueError, match="trust_remote_code"):
         SentenceTransformer(str(minilm_lmk_checkpoint), trust_remote_code=False)
+
+
+def test_cli_converters(modernbert_source, mamba2_lm, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+
+    commands = [
+        ["convert-lmk", str(modernbert_source), str(tmp_path / "lmk"), "--pooling", "mean@k", "--granularity", "16",
+         "--splitter", "sentence", "--base-model", "org/encoder"],
+        ["convert-recurrent", str(mamba2_lm), str(tmp_path / "rec"), "--block-size", "64", "--default-task", "Find docs"],
+    ]
+    for command in commands:
+        result = subprocess.run([sys.executable, "-m", "lmk_embed.cli", *command], capture_output=True, text=True,
+                                cwd=REPO_ROOT)
+        assert result.returncode == 0, result.stderr[-2000:]
+    lmk = json.loads((tmp_path / "lmk" / "config.json").read_text())
+    assert (lmk["pooling"], lmk["granularity"], lmk["splitter"], lmk["base_model"]) == ("mean@k", 16, "sentence", "org/encoder")
+    rec = json.loads((tmp_path / "rec" / "config.json").read_text())
+    assert (rec["block_size"], rec["default_task"]) == (64, "Find docs")
+    bad = subprocess.run([sys.executable, "-m", "lmk_embed.cli", "convert-lmk", "a", "b", "--granularity", "0"],
+                         capture_output=True, text=True, cwd=REPO_ROOT)
+    assert bad.returncode == 2 and "--granularity" in bad.stderr

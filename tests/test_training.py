@@ -267,6 +267,18 @@ def test_training_with_teacher_scores_and_gradcache(lmk_checkpoint, tmp_path):
     assert result["global_step"] == 2
 
 
+@pytest.mark.parametrize("which", ["lmk_checkpoint", "mamba2_checkpoint"])
+def test_bf16_and_gradient_checkpointing(which, request, tmp_path, toy_jsonl):
+    checkpoint = request.getfixturevalue(which)
+    result = train(run_config(checkpoint, tmp_path, data=toy_jsonl, finetune="full", bf16=True,
+                              gradient_checkpointing=True, max_steps=2))
+    assert result["global_step"] == 2
+    backbone = result["model"].transformers_model.backbone
+    assert backbone.is_gradient_checkpointing
+    losses = [entry["loss"] for entry in result["log_history"] if "loss" in entry]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+
+
 def test_qlora_one_step_on_cpu(lmk_checkpoint, tmp_path, toy_jsonl):
     """The tiny ModernBERT's widths are multiples of 32, which bitsandbytes' CPU 4-bit kernels need."""
     result = train(run_config(lmk_checkpoint, tmp_path, data=toy_jsonl, finetune="qlora", max_steps=2))

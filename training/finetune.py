@@ -294,6 +294,7 @@ def train(config: TrainConfig) -> dict:
         weight_decay=config.weight_decay,
         lr_scheduler_type="linear",
         bf16=config.bf16,
+        use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),  # bf16 on CPU needs it said
         activation_checkpointing=config.gradient_checkpointing,
         logging_steps=config.logging_steps,
         eval_strategy="steps" if eval_during_training else "no",
