@@ -14,6 +14,9 @@ A family plugs in by subclassing `EncoderMixin` and implementing:
 
 The family reports truncated inputs by incrementing `plan["num_truncated"]`; the engine
 warns once per call.
+
+Both families' tokenizers also share the single Rust pass without special tokens
+(`encode_content`, which cuts very long texts at a safe place first) and their call checks.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import importlib
 import inspect
 import io
 import pydoc
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -51,11 +52,20 @@ def import_quietly(name: str):
             return None
 
 
+# Rendered default values that change from run to run: object addresses, and the process
+# environment (cgi's defaults repr `os.environ`, which must never enter a corpus).
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|(?<=handle )[0-9a-f]{8,}")
+_ENVIRON = re.compile(r"environ\(\{.*?\}\)")
+_ENVIRON_CUT = re.compile(r"environ\(\{(?!\.\.\.\}\))[^\n]*")  # pydoc's shortened reprs, to the end of the line
+
+
 def render_page(obj) -> str:
-    """pydoc's plain-text page of `obj`."""
+    """pydoc's plain-text page of `obj`, without run-dependent addresses or environment variables."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return pydoc.render_doc(obj, renderer=pydoc.plaintext)
+        text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+    text = _ENVIRON_CUT.sub("environ({...})", _ENVIRON.sub("environ({...})", text))
+    return _ADDRESS.sub("", text)
 
 
 def stdlib_module_names() -> list[str]:
@@ -63,10 +73,14 @@ def stdlib_module_names() -> list[str]:
 
 
 def module_pages() -> list[ModulePage]:
-    """Every importable public stdlib module with a synopsis of at least three words, sorted by name."""
+    """Every importable public stdlib module with a synopsis of at least three words, sorted by name.
+
+    All modules are imported before any page is rendered: a package's page lists the submodules
+    imported so far, so rendering as we go would make pages depend on the import order.
+    """
+    modules = {name: import_quietly(name) for name in stdlib_module_names()}
     pages = []
-    for name in stdlib_module_names():
-        module = import_quietly(name)
+    for name, module in modules.items():
         if module is None:
             continue
         synopsis = synopsis_of(module)

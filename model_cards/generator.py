@@ -222,7 +222,7 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
     name = model_id or MODEL_ID_PLACEHOLDER
     eval_results = [
         EvalResult(task_type="retrieval", task_name="Retrieval", dataset_type=row["dataset_type"], dataset_name=row["dataset"],
-                   dataset_split=row.get("split", "test"), metric_type=row["metric"], metric_value=float(row["value"]))
+                   dataset_split=row.get("split", "test"), metric_type=row["metric"], metric_value=round(float(row["value"]), 4))
         for row in results.get("results", [])
     ] or None
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "custom_code", "long-context",

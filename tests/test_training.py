@@ -131,8 +131,16 @@ def test_recurrent_instructions_go_on_queries_only():
     assert not dataset[0]["positive"].startswith("Instruct")
 
 
-def test_stdlib_dataset_is_split_by_module():
+def test_stdlib_dataset_is_split_by_module(monkeypatch):
+    from training.data import stdlib_doc_items
+
+    secret = "hf_" + "Zq9" * 12
+    monkeypatch.setenv("LMK_EMBED_TEST_SECRET", secret)  # pydoc renders os.environ defaults (cgi, os)
+    stdlib_doc_items.cache_clear()
     rows, (queries, corpus, relevant) = stdlib_training_rows(num_negatives=1, max_members_per_module=3)
+    texts = [r["positive"] for r in rows] + [n for r in rows for n in r["negatives"]] + list(corpus.values())
+    assert not any(secret in text or "LMK_EMBED_TEST_SECRET" in text for text in texts)
+    assert not any(" at 0x" in text for text in texts)  # no run-dependent object addresses
     assert len(rows) > 100 and len(queries) > 20
     train_texts = {r["positive"] for r in rows}
     assert not train_texts & set(corpus.values())
