@@ -3,7 +3,7 @@
     python benchmarks/encode_speed.py [--texts 192] [--batch-size 32]
 
 SentenceTransformer runs all-MiniLM-L6-v2 as published (mean pooling); LMKModel runs the same
-weights with landmark pooling at g = 32 and 128, so it processes 1/g more tokens. Issue target:
+weights with landmark pooling at g = 32 and 128, so it processes 1/g more tokens. Target:
 time ratio <= 1 + 1/g + 0.05. Both truncate at 512 tokens (landmarks included for LMK).
 """
 

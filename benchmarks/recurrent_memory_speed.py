@@ -9,7 +9,7 @@ tokens three ways, each measurement in its own fresh process (peak RSS = that pr
     transformers             transformers' own `Mamba2Model` full forward on the same token ids
     modernbert               a ModernBERT of similar width and depth (d=256, 8 layers), full forward
 
-Prints the issue's ratios (peak(256k) / peak(4k) for vertical: target <= 1.15; our encode over
+Prints the target ratios (peak(256k) / peak(4k) for vertical: target <= 1.15; our encode over
 transformers at T = 65,536: target >= 2.0) and saves tokens-vs-memory and tokens-vs-time PNGs.
 transformers and ModernBERT stop at the lengths given by --max-reference-length / --max-modernbert-length
 (beyond them the full forward does not fit this 24 GiB machine, or takes too long).

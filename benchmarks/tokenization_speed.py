@@ -1,4 +1,4 @@
-"""Landmark tokenization vs the plain fast tokenizer, on the same texts (issue target: ratio <= 1.15).
+"""Landmark tokenization vs the plain fast tokenizer, on the same texts (target: ratio <= 1.15).
 
     python benchmarks/tokenization_speed.py [--texts 2000] [--batch-size 64]
 
