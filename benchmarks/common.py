@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import random
 import time
 from pathlib import Path
@@ -48,3 +49,23 @@ def save_results(name: str, results: dict) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     return path
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def reset_peak_rss() -> None:
+    """Linux: make VmHWM (the peak RSS) start again from the current RSS."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -18,8 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import sample_texts, save_results  # noqa: E402
-from recurrent_memory_speed import peak_rss_mb, reset_peak_rss, rss_mb  # noqa: E402
+from common import peak_rss_mb, reset_peak_rss, rss_mb, sample_texts, save_results  # noqa: E402
 
 
 def worker(loss_name: str, checkpoint: str, batch_size: int, mini_batch_size: int) -> dict:

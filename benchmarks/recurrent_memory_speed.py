@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -28,29 +27,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import RESULTS_DIR, save_results  # noqa: E402
+from common import RESULTS_DIR, peak_rss_mb, reset_peak_rss, rss_mb, save_results  # noqa: E402
 
 D_MODEL, LAYERS, STATE = 256, 8, 64
-
-
-def rss_mb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
-def reset_peak_rss() -> None:
-    """Linux: make VmHWM (the peak RSS) start again from the current RSS."""
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
-
-
-def peak_rss_mb() -> float:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def worker(method: str, length: int, block_size: int) -> dict:

@@ -178,7 +178,6 @@ def convert_to_lmk(
     copy_backbone_weights(model.backbone, backbone)
     tokenizer = LMKTokenizer.from_pretrained(str(source), **config.tokenizer_options())
     _ = tokenizer.landmark_token_id  # fails here, clearly, for a tokenizer with neither SEP nor EOS
-    model.tokenizer = tokenizer
     return save_checkpoint(model, tokenizer, output_dir)
 
 
@@ -245,5 +244,4 @@ def convert_to_recurrent(
     copy_backbone_weights(model.backbone, backbone, ignore_prefixes=())
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(source), **config.tokenizer_options())
     _ = tokenizer.eos_id, tokenizer.prefix_ids  # fail here, clearly, without EOS (or BOS when asked for)
-    model.tokenizer = tokenizer
     return save_checkpoint(model, tokenizer, output_dir)

@@ -6,6 +6,7 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 POOLINGS = ("lmk", "cls", "mean", "mean@k", "multi_cls", "latent_attention")
+CHUNK_ALIGNED_POOLINGS = ("lmk", "mean@k")  # pool one position per chunk: landmark vectors + spans exist
 SPLITTERS = ("fixed", "variable", "sentence")
 DEFAULT_GRANULARITIES = (32, 64, 128, 256)
 

@@ -100,7 +100,7 @@ def held_out_ndcg(checkpoint: Path, held_out, max_length: int | None = None) -> 
         model.max_seq_length = max_length
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*truncated.*")
-        return build_evaluator(held_out, "lmk_embedder", model)(model)[f"{EVAL_NAME}_cosine_ndcg@10"]
+        return build_evaluator(held_out, model)(model)[f"{EVAL_NAME}_cosine_ndcg@10"]
 
 
 def finetune_and_compare(out_dir: Path, steps: int, granularity: int) -> dict[str, dict]:

@@ -48,6 +48,25 @@ def check_positive_int(name: str, value) -> int:
     return int(value)
 
 
+def check_max_length(max_length, minimum: int, holds: str) -> None:
+    """`max_length` must be a positive integer of at least `minimum` (what the layout `holds`)."""
+    if max_length is None:
+        return
+    check_positive_int("max_length", max_length)
+    if max_length < minimum:
+        raise ValueError(f"`max_length`={max_length} is too small: it must hold {holds} (at least {minimum}).")
+
+
+def warn_truncated(count: int, total: int, max_length, stacklevel: int, detail: str = "") -> None:
+    """The one truncation warning of a call: how many texts exceeded `max_length`."""
+    if count:
+        warnings.warn(
+            f"{count} of {total} texts were longer than max_length={max_length} tokens and were truncated{detail}.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
 def check_choice(name: str, value, choices) -> str:
     """Return `value` if it is one of `choices`, or raise naming the argument."""
     if value not in choices:
@@ -276,13 +295,7 @@ class EncoderMixin:
             if progress is not None:
                 progress.close()
 
-        if plan["num_truncated"]:
-            warnings.warn(
-                f"{plan['num_truncated']} of {len(items)} texts were longer than max_length="
-                f"{plan.get('max_length')} tokens and were truncated.",
-                UserWarning,
-                stacklevel=3,
-            )
+        warn_truncated(plan["num_truncated"], len(items), plan.get("max_length"), stacklevel=3)
 
         if output_value == "embedding":
             embeddings = torch.cat(results)

@@ -19,9 +19,9 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_lmk import LMKConfig
+from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, SPLITTERS, LMKConfig
 from .encoding import EncoderMixin, check_choice, check_positive_int
-from .tokenization_lmk import MIN_MAX_LENGTH, LMKTokenizer
+from .tokenization_lmk import LMKTokenizer
 
 # Backbones whose position ids start after the padding index (RoBERTa family).
 _PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
@@ -274,15 +274,9 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         if granularity is not None:
             check_positive_int("granularity", granularity)
         if splitter is not None:
-            check_choice("splitter", splitter, ("fixed", "variable", "sentence"))
-        if max_length is not None:
-            check_positive_int("max_length", max_length)
-            if max_length < MIN_MAX_LENGTH:
-                raise ValueError(
-                    f"`max_length`={max_length} is too small: it must hold [CLS], one token and a landmark "
-                    f"(at least {MIN_MAX_LENGTH})."
-                )
-        if output_value == "landmarks" and self.config.pooling not in ("lmk", "mean@k"):
+            check_choice("splitter", splitter, SPLITTERS)
+        self.tokenizer.check_max_length(max_length)
+        if output_value == "landmarks" and self.config.pooling not in CHUNK_ALIGNED_POOLINGS:
             raise ValueError(
                 f"`output_value='landmarks'` needs chunk-aligned pooling (lmk, mean@k), not {self.config.pooling!r}."
             )

@@ -375,10 +375,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     def _prepare_encode(self, *, prompt, output_value, max_length, schedule, block_size) -> dict:
         self.resolve_schedule(schedule, block_size, longest=0)  # validates; `auto` is resolved per batch
-        if max_length is not None:
-            check_positive_int("max_length", max_length)
-            if max_length < len(self.tokenizer.prefix_ids) + 2:
-                raise ValueError(f"`max_length`={max_length} is too small: it must hold one token and EOS.")
+        self.tokenizer.check_max_length(max_length)
         _ = self.tokenizer.eos_id  # a tokenizer without EOS fails here, clearly
         return {
             "prompt": prompt,

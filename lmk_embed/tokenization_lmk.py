@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import random
 import re
-import warnings
 from dataclasses import dataclass
 from itertools import chain
 
@@ -35,8 +34,16 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
-from .configuration_lmk import DEFAULT_GRANULARITIES, POOLINGS, SPLITTERS
-from .encoding import check_tokenizer_call, encode_content, to_batch_encoding
+from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, DEFAULT_GRANULARITIES, POOLINGS, SPLITTERS
+from .encoding import (
+    check_choice,
+    check_max_length,
+    check_positive_int,
+    check_tokenizer_call,
+    encode_content,
+    to_batch_encoding,
+    warn_truncated,
+)
 
 MIN_MAX_LENGTH = 3  # [CLS] + one token + a landmark
 # Tokenizers without a real limit report a huge sentinel as model_max_length.
@@ -189,13 +196,8 @@ class LMKTokenizer(PreTrainedTokenizerFast):
             prompt=prompt,
             with_spans=return_landmark_spans,
         )
-        if batch.truncated.any():
-            warnings.warn(
-                f"{int(batch.truncated.sum())} of {len(texts)} texts were longer than max_length={max_length} "
-                "tokens and were truncated (the sequence still ends with a landmark).",
-                UserWarning,
-                stacklevel=2,
-            )
+        warn_truncated(int(batch.truncated.sum()), len(texts), max_length, stacklevel=2,
+                       detail=" (the sequence still ends with a landmark)")
         data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "landmark_mask": batch.landmark_mask}
         encoding = to_batch_encoding(data, single, return_tensors)
         if return_landmark_spans:
@@ -208,18 +210,16 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         """One Rust pass over `texts` without special tokens; literal special tokens stay text."""
         return encode_content(self, texts, max_tokens)
 
+    @staticmethod
+    def check_max_length(max_length) -> None:
+        check_max_length(max_length, MIN_MAX_LENGTH, "[CLS], one token and a landmark")
+
     def resolve_granularity(self, granularity: int | None, splitter: str | None) -> tuple[int, str]:
         """Check `granularity` / `splitter` and return the g to use (drawn for `variable`)."""
-        splitter = self.lmk_splitter if splitter is None else splitter
-        if splitter not in SPLITTERS:
-            raise ValueError(f"Unknown `splitter` {splitter!r}; expected one of {list(SPLITTERS)}.")
+        splitter = check_choice("splitter", self.lmk_splitter if splitter is None else splitter, SPLITTERS)
         if granularity is None:
             granularity = self.draw_granularity() if splitter == "variable" else self.lmk_granularity
-        if isinstance(granularity, bool) or not isinstance(granularity, (int, np.integer)):
-            raise TypeError(f"`granularity` must be a positive integer, got {granularity!r}.")
-        if granularity <= 0:
-            raise ValueError(f"`granularity` must be a positive integer, got {granularity}.")
-        return int(granularity), splitter
+        return check_positive_int("granularity", granularity), splitter
 
     def build_layout(
         self,
@@ -233,20 +233,10 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         with_spans: bool = False,
     ) -> LandmarkBatch:
         """Build the padded landmark layout for `texts`. See the module docstring."""
-        pooling = self.lmk_pooling if pooling is None else pooling
-        if pooling not in POOLINGS:
-            raise ValueError(f"Unknown `pooling` {pooling!r}; expected one of {list(POOLINGS)}.")
+        pooling = check_choice("pooling", self.lmk_pooling if pooling is None else pooling, POOLINGS)
         g, splitter = self.resolve_granularity(granularity, splitter)
-        if max_length is not None:
-            if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
-                raise TypeError(f"`max_length` must be an integer, got {max_length!r}.")
-            if max_length < MIN_MAX_LENGTH:
-                raise ValueError(
-                    f"`max_length`={max_length} is too small: it must hold [CLS], one token and a landmark "
-                    f"(at least {MIN_MAX_LENGTH})."
-                )
-        chunk_aligned = pooling in ("lmk", "mean@k")
-        if with_spans and not chunk_aligned:
+        self.check_max_length(max_length)
+        if with_spans and pooling not in CHUNK_ALIGNED_POOLINGS:
             raise ValueError(f"Landmark spans exist only for chunk-aligned poolings (lmk, mean@k), not {pooling!r}.")
         layout = {"lmk": "landmark", "multi_cls": "multi_cls"}.get(pooling, "plain")
         marker_id = self.landmark_token_id if layout == "landmark" else self.start_token_id

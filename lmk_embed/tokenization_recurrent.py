@@ -7,7 +7,6 @@ tokenized incrementally (`stream_content_ids`) without ever holding their full t
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -16,7 +15,14 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
-from .encoding import check_tokenizer_call, encode_content, last_safe_cut, to_batch_encoding
+from .encoding import (
+    check_max_length,
+    check_tokenizer_call,
+    encode_content,
+    last_safe_cut,
+    to_batch_encoding,
+    warn_truncated,
+)
 
 # Tokenize a stream once this many characters are pending, then keep only an unstable tail.
 STREAM_MIN_CHARS = 16_384
@@ -66,6 +72,9 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
             raise ValueError("`rec_add_bos_token` is set but the tokenizer has no BOS token.")
         return [int(self.bos_token_id)]
 
+    def check_max_length(self, max_length) -> None:
+        check_max_length(max_length, len(self.prefix_ids) + 2, "one token and EOS")
+
     def strip_trailing_eos(self, text: str) -> str:
         """A text that already ends in the EOS string gets no second EOS."""
         eos = self.eos_token
@@ -87,20 +96,13 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
             "RecurrentEmbedTokenizer", text, kwargs, padding, return_tensors, "EOS is what the model pools"
         )
         batch = self.build_batch(texts, prompt=prompt, max_length=max_length if truncation else None)
-        if batch.truncated.any():
-            warnings.warn(
-                f"{int(batch.truncated.sum())} of {len(texts)} texts were longer than max_length={max_length} "
-                "tokens and were truncated (EOS kept).",
-                UserWarning,
-                stacklevel=2,
-            )
+        warn_truncated(int(batch.truncated.sum()), len(texts), max_length, stacklevel=2, detail=" (EOS kept)")
         return to_batch_encoding({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}, single, return_tensors)
 
     def build_batch(self, texts: list[str], *, prompt: str | None = None, max_length: int | None = None) -> RecurrentBatch:
         """`[BOS] (prompt + text) EOS` for each text, right-padded; see `RecurrentBatch`."""
         prefix, eos = self.prefix_ids, self.eos_id
-        if max_length is not None and max_length < len(prefix) + 2:
-            raise ValueError(f"`max_length`={max_length} is too small: it must hold one token and EOS.")
+        self.check_max_length(max_length)
         full = [(prompt or "") + t for t in texts]
         budget = None if max_length is None else max_length - len(prefix) - 1
         ids = [None] * len(full)
@@ -108,8 +110,9 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
         encodings = encode_content(self, [self.strip_trailing_eos(full[i]) for i in short], max_tokens=budget)
         for i, encoding in zip(short, encodings):
             ids[i] = encoding.ids
-        for i in set(range(len(full))) - set(short):
-            ids[i] = self._long_text_ids(full[i], budget)
+        for i, text in enumerate(full):
+            if ids[i] is None:
+                ids[i] = self._long_text_ids(text, budget)
         content = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(full))
         kept = content if budget is None else np.minimum(content, budget)
         lengths = kept + len(prefix) + 1

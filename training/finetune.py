@@ -117,22 +117,24 @@ def check_qlora_supported(model: str) -> None:
 
 def apply_overrides(embedder, config: TrainConfig, family: str) -> None:
     """Per-run changes to the model's own config (saved with the trained model) and tokenizer."""
+    lmk_fields = ("splitter", "granularities", "granularity")
+    recurrent_fields = ("schedule", "block_size")
+    wrong = [n for n in (recurrent_fields if family == "lmk_embedder" else lmk_fields) if getattr(config, n) is not None]
+    if wrong:
+        kind = "recurrent" if family == "lmk_embedder" else "LMK"
+        raise ValueError(f"{', '.join(f'`{n}`' for n in wrong)} applies to {kind} models only.")
     model_config = embedder.config
     if family == "lmk_embedder":
-        for name in ("splitter", "granularities", "granularity"):
+        for name in lmk_fields:
             if getattr(config, name) is not None:
                 setattr(model_config, name, getattr(config, name))
         model_config.check()
         embedder.tokenizer.init_kwargs.update(model_config.tokenizer_options())
     else:
-        for name in ("schedule", "block_size"):
+        for name in recurrent_fields:
             if getattr(config, name) is not None:
                 setattr(model_config, name, getattr(config, name))
         model_config.check()
-    if config.splitter is not None and family != "lmk_embedder":
-        raise ValueError("`splitter` applies to LMK models only.")
-    if config.schedule is not None and family == "lmk_embedder":
-        raise ValueError("`schedule` applies to recurrent models only.")
 
 
 def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: str):
@@ -180,7 +182,7 @@ def build_loss(config: TrainConfig, st, has_teacher_scores: bool):
     return MultipleNegativesRankingLoss(st, scale=1 / config.temperature, gather_across_devices=config.gather_across_devices)
 
 
-def build_evaluator(held_out, family: str, st, batch_size: int = 16):
+def build_evaluator(held_out, st, batch_size: int = 16):
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 
     queries, corpus, relevant = held_out
@@ -233,7 +235,6 @@ def save_final(config: TrainConfig, st, embedder, family: str) -> Path:
             merge_adapters(base)
             # load_adapter records a PEFT key mapping that save_pretrained would apply to every weight.
             base._weight_conversions = conversions
-            base.tokenizer = embedder.tokenizer
             save_checkpoint(base, embedder.tokenizer, final_dir)
     config.to_yaml(final_dir / RUN_CONFIG_NAME)
     return final_dir
@@ -276,7 +277,7 @@ def train(config: TrainConfig) -> dict:
         dataset = dataset.remove_columns("label")
     loss = build_loss(config, st, has_scores)
 
-    evaluator = build_evaluator(held_out, family, st) if held_out else None
+    evaluator = build_evaluator(held_out, st) if held_out else None
     eval_during_training = evaluator is not None and config.eval_steps is not None
     if eval_during_training and config.finetune == "qlora" and not torch.cuda.is_available():
         # bitsandbytes on CPU repacks 4-bit weights irreversibly on an eval-mode forward.
