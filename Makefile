@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m lmk_embed.demo
+	HF_HUB_OFFLINE=1 $(PY) demo.py
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q

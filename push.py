@@ -6,16 +6,17 @@
 
 1. stage: copy an allow-list of files into a clean staging folder: safetensors weights, config
    and tokenizer files, the sentence-transformers files, the card, its plots and the run/results
-   files. The family's flat .py files come from this package's current source, so a checkpoint
+   files. The shipped .py files come from `lmk_embed/`'s current source, so a checkpoint
    never ships stale code. Refused (non-zero exit, with the reason): pickled weights (.bin, .pt,
    .pkl, ...), non-weight files over --max-file-mb, `.env` files, anything that looks like a Hub
    token (`hf_` + 30 characters) or a private key. Files outside the allow-list are listed and left out.
 2. validate: in a fresh process, offline, from another directory: load the staged folder with
    AutoModel and with SentenceTransformer, embed a fixed probe set, compare with the source
    checkpoint (max abs diff <= 1e-5), and check the card's metadata. Any failure stops the push.
-3. upload: `HfApi.create_repo(exist_ok=True)`, then `upload_folder` (optionally to a branch) and
-   `create_tag`. The token comes from huggingface_hub's own sources (HF_TOKEN, `hf auth login`),
-   never from a flag. An unchanged checkpoint is not re-uploaded; that is reported.
+3. upload: `HfApi.create_repo(exist_ok=True)`, then `upload_folder` (optionally to a branch) with
+   `delete_patterns=["*"]`, so the remote mirrors the staged folder and no file of an earlier push
+   survives, and `create_tag`. Unchanged files are not sent again (upload_folder skips them). The
+   token comes from huggingface_hub's own sources (HF_TOKEN, `hf auth login`), never from a flag.
    `--dry-run` stops after validate and prints what would be uploaded, with sizes.
 """
 
@@ -33,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmk_embed.checkpoint import FAMILIES, family_of, write_shipped_code
+from lmk_embed import AUTO_MAPS, shipped_files
 
 WEIGHT_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
@@ -69,6 +70,17 @@ class StageReport:
 # ---- 1. stage ---------------------------------------------------------------------------------
 
 
+def family_of(folder: Path) -> str:
+    """The family (`model_type`) recorded in a checkpoint's config.json."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise PushError(f"{folder} has no config.json; is it a checkpoint folder?")
+    model_type = json.loads(config_path.read_text()).get("model_type")
+    if model_type not in AUTO_MAPS:
+        raise PushError(f"{folder}: model_type {model_type!r} is not one of our families {sorted(AUTO_MAPS)}.")
+    return model_type
+
+
 def _relative_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -80,7 +92,7 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
         raise PushError(f"{source} is not a checkpoint folder.")
     if (source / "adapter_config.json").exists():
         raise PushError(f"{source} holds a LoRA adapter, not a full checkpoint: merge it (save_mode='merged') first.")
-    family = family_of(source)
+    family_of(source)
     files = _relative_files(source)
     refusals = []
     for name in files:
@@ -108,7 +120,7 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
         shutil.rmtree(target)
     target.mkdir(parents=True)
     report = StageReport(folder=target)
-    shipped = set(FAMILIES[family]["files"])
+    shipped = {path.name for path in shipped_files()}
     for name in files:
         if name in shipped:
             continue
@@ -117,7 +129,8 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
             shutil.copy2(source / name, target / name)
         else:
             report.left_out.append(name)
-    write_shipped_code(target, family)
+    for path in shipped_files():  # the current source, never what an older checkpoint carried
+        shutil.copyfile(path, target / path.name)
     for name in shipped:
         old = source / name
         if not old.exists() or old.read_bytes() != (target / name).read_bytes():
@@ -176,43 +189,9 @@ def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5
 # ---- 3. upload ----------------------------------------------------------------------------------
 
 
-def _git_blob_sha(path: Path) -> str:
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def remote_matches(api, repo_id: str, staged: Path, revision: str | None) -> bool:
-    """True when the repo already holds exactly the staged files (same content)."""
-    try:
-        remote = {entry.path: entry for entry in api.list_repo_tree(repo_id, revision=revision, recursive=True, expand=True)
-                  if getattr(entry, "size", None) is not None}
-    except Exception:  # a new repo or branch has no tree yet
-        return False
-    local = _relative_files(staged)
-    if set(remote) - {".gitattributes"} != set(local):
-        return False
-    for name in local:
-        entry, path = remote[name], staged / name
-        lfs = getattr(entry, "lfs", None)
-        if lfs is not None:
-            if getattr(lfs, "sha256", None) != _sha256(path):
-                return False
-        elif getattr(entry, "blob_id", None) != _git_blob_sha(path):
-            return False
-    return True
-
-
 def upload(staged: str | Path, repo_id: str, *, api=None, private: bool = False, revision: str | None = None,
            tag: str | None = None, commit_message: str | None = None) -> dict:
-    """Create the repo (exist_ok), upload the staged folder (skipped when unchanged), tag it."""
+    """Create the repo (exist_ok), make its revision mirror the staged folder, tag it."""
     if api is None:
         from huggingface_hub import HfApi
 
@@ -221,19 +200,45 @@ def upload(staged: str | Path, repo_id: str, *, api=None, private: bool = False,
     api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
     if revision:
         api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
-    outcome = {"repo_id": repo_id, "revision": revision or "main", "uploaded": False, "commit": None, "tag": None}
-    if remote_matches(api, repo_id, staged, revision):
-        print(f"{repo_id}@{outcome['revision']}: unchanged, nothing uploaded.")
-    else:
-        commit = api.upload_folder(repo_id=repo_id, folder_path=str(staged), repo_type="model", revision=revision,
-                                   commit_message=commit_message or f"Upload {staged.name}")
-        outcome.update(uploaded=True, commit=getattr(commit, "oid", None))
-        print(f"{repo_id}@{outcome['revision']}: uploaded commit {outcome['commit']}.")
+    # The remote mirrors the staged folder: files of an earlier push that are not staged now (a single
+    # model.safetensors beside new shards, a stale adapter) are deleted in the same commit.
+    # upload_folder itself skips files whose content is already on the remote.
+    commit = api.upload_folder(repo_id=repo_id, folder_path=str(staged), repo_type="model", revision=revision,
+                               commit_message=commit_message or f"Upload {staged.name}", delete_patterns=["*"])
+    outcome = {"repo_id": repo_id, "revision": revision or "main", "commit": getattr(commit, "oid", None), "tag": None}
+    print(f"{repo_id}@{outcome['revision']}: commit {outcome['commit']}.")
     if tag:
         api.create_tag(repo_id, tag=tag, revision=revision, repo_type="model", exist_ok=True)
         outcome["tag"] = tag
         print(f"{repo_id}: tagged {tag}.")
     return outcome
+
+
+# ---- a local Hub cache (offline loading by model id) ---------------------------------------------
+
+
+def install_in_hub_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str | None = None) -> str:
+    """Lay `folder` out as a Hub cache entry so `repo_id` resolves offline (`HF_HUB_OFFLINE=1`).
+
+    Writes `cache_dir/models--org--name/snapshots/<revision>/...` and `refs/main`; returns the revision.
+    """
+    if repo_id.count("/") != 1:
+        raise ValueError(f"`repo_id` must look like 'org/name', got {repo_id!r}.")
+    folder = Path(folder)
+    if revision is None:  # a stable 40-hex id derived from the files' bytes
+        digest = hashlib.sha1()
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(folder)).encode())
+            digest.update(path.read_bytes())
+        revision = digest.hexdigest()
+    repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / revision
+    if snapshot.exists():
+        shutil.rmtree(snapshot)
+    shutil.copytree(folder, snapshot)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(revision)
+    return revision
 
 
 # ---- the command ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from lmk_embed.checkpoint import convert_to_lmk
+    from training.convert import convert_to_lmk
 
     warnings.filterwarnings("ignore", message=".*truncated.*")
     torch.manual_seed(0)

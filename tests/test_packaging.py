@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lmk_embed.checkpoint import install_in_hub_cache
+from push import install_in_hub_cache
 from tests.helpers import run_fresh_python
 
 CONTRACT_SCRIPT = r"""
@@ -133,13 +133,13 @@ def test_cli_converters(modernbert_source, mamba2_lm, tmp_path):
         ["convert-recurrent", str(mamba2_lm), str(tmp_path / "rec"), "--block-size", "64", "--default-task", "Find docs"],
     ]
     for command in commands:
-        result = subprocess.run([sys.executable, "-m", "lmk_embed.cli", *command], capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "-m", "cli", *command], capture_output=True, text=True,
                                 cwd=REPO_ROOT)
         assert result.returncode == 0, result.stderr[-2000:]
     lmk = json.loads((tmp_path / "lmk" / "config.json").read_text())
     assert (lmk["pooling"], lmk["granularity"], lmk["splitter"], lmk["base_model"]) == ("mean@k", 16, "sentence", "org/encoder")
     rec = json.loads((tmp_path / "rec" / "config.json").read_text())
     assert (rec["block_size"], rec["default_task"]) == (64, "Find docs")
-    bad = subprocess.run([sys.executable, "-m", "lmk_embed.cli", "convert-lmk", "a", "b", "--granularity", "0"],
+    bad = subprocess.run([sys.executable, "-m", "cli", "convert-lmk", "a", "b", "--granularity", "0"],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert bad.returncode == 2 and "--granularity" in bad.stderr

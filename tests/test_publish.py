@@ -35,11 +35,13 @@ def recurrent_copy(mamba2_checkpoint, tmp_path):
 
 
 class RecordingHfApi:
-    """Stands in for huggingface_hub.HfApi: records every call; the remote holds `remote_files`."""
+    """Stands in for huggingface_hub.HfApi: records every call and keeps the remote's files in `remote`
+    (path -> bytes), applying `upload_folder`'s documented semantics: files matching `delete_patterns`
+    are deleted from the remote unless they are being uploaded in the same commit."""
 
-    def __init__(self, remote_files=None):
+    def __init__(self, remote=None):
         self.calls = []
-        self.remote_files = remote_files
+        self.remote = dict(remote or {})
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(("create_repo", repo_id, kwargs))
@@ -47,33 +49,21 @@ class RecordingHfApi:
     def create_branch(self, repo_id, **kwargs):
         self.calls.append(("create_branch", repo_id, kwargs))
 
-    def list_repo_tree(self, repo_id, **kwargs):
-        self.calls.append(("list_repo_tree", repo_id, kwargs))
-        if self.remote_files is None:
-            raise FileNotFoundError("no such repo")
-        return self.remote_files
-
     def upload_folder(self, **kwargs):
-        folder = kwargs["folder_path"]
-        files = sorted(str(p.relative_to(folder)) for p in __import__("pathlib").Path(folder).rglob("*") if p.is_file())
-        self.calls.append(("upload_folder", kwargs["repo_id"], dict(kwargs, files=files)))
+        import fnmatch
+        from pathlib import Path
+
+        folder = Path(kwargs["folder_path"])
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        for name in list(self.remote):
+            if name not in files and any(fnmatch.fnmatch(name, pattern) for pattern in kwargs.get("delete_patterns") or []):
+                del self.remote[name]
+        self.remote.update(files)
+        self.calls.append(("upload_folder", kwargs["repo_id"], dict(kwargs, files=sorted(files))))
         return types.SimpleNamespace(oid="c0ffee" * 6 + "abcd")
 
     def create_tag(self, repo_id, **kwargs):
         self.calls.append(("create_tag", repo_id, kwargs))
-
-
-def remote_copy_of(folder):
-    """The tree a Hub repo holding exactly `folder` would list."""
-    entries = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        name = str(path.relative_to(folder))
-        if name.endswith(".safetensors"):
-            entries.append(types.SimpleNamespace(path=name, size=path.stat().st_size, blob_id="x",
-                                                 lfs=types.SimpleNamespace(sha256=push._sha256(path))))
-        else:
-            entries.append(types.SimpleNamespace(path=name, size=path.stat().st_size, blob_id=push._git_blob_sha(path), lfs=None))
-    return entries
 
 
 # ---- stage + validate ------------------------------------------------------------------------
@@ -157,27 +147,29 @@ def test_upload_calls(lmk_copy, tmp_path):
                       "--commit-message", "First release", "--stage-dir", str(tmp_path / "staged")], api=api)
     assert code == 0
     names = [call[0] for call in api.calls]
-    assert names == ["create_repo", "create_branch", "list_repo_tree", "upload_folder", "create_tag"]
+    assert names == ["create_repo", "create_branch", "upload_folder", "create_tag"]
     assert api.calls[0] == ("create_repo", "our-org/tiny-lmk", {"repo_type": "model", "private": True, "exist_ok": True})
     assert api.calls[1][2] == {"branch": "v1-branch", "repo_type": "model", "exist_ok": True}
-    upload = api.calls[3][2]
+    upload = api.calls[2][2]
     assert upload["repo_id"] == "our-org/tiny-lmk" and upload["revision"] == "v1-branch"
     assert upload["commit_message"] == "First release" and upload["folder_path"] == str(tmp_path / "staged")
     assert {"README.md", "model.safetensors", "config.json", "modules.json", "st_module.py", "modeling_lmk.py",
             "ndcg_vs_max_length.png", "eval_results.json"} <= set(upload["files"])
     assert not any(name.endswith((".bin", ".pt")) for name in upload["files"])
-    assert api.calls[4] == ("create_tag", "our-org/tiny-lmk", {"tag": "v1.0", "revision": "v1-branch",
+    assert upload["delete_patterns"] == ["*"]
+    assert api.calls[3] == ("create_tag", "our-org/tiny-lmk", {"tag": "v1.0", "revision": "v1-branch",
                                                                 "repo_type": "model", "exist_ok": True})
 
 
-def test_unchanged_checkpoint_is_not_uploaded_again(lmk_copy, tmp_path, capsys):
+def test_second_push_leaves_no_stale_files(lmk_copy, tmp_path):
+    """A remote left with an old single weight file and a stale adapter must mirror the new staged folder."""
     staged = push.stage(lmk_copy, tmp_path / "staged").folder
-    api = RecordingHfApi(remote_files=remote_copy_of(staged))
-    outcome = push.upload(staged, "our-org/tiny-lmk", api=api)
-    assert not outcome["uploaded"] and "unchanged, nothing uploaded" in capsys.readouterr().out
-    assert "upload_folder" not in [call[0] for call in api.calls]
-    (staged / "README.md").write_text((staged / "README.md").read_text() + "\nA new line.\n")
-    assert push.upload(staged, "our-org/tiny-lmk", api=api)["uploaded"]
+    stale = {"model-00001-of-00002.safetensors": b"old shard", "adapter_config.json": b"{}",
+             "adapter_model.safetensors": b"old adapter", "1_Normalize/config.json": b"{}"}
+    api = RecordingHfApi(remote=stale)
+    push.upload(staged, "our-org/tiny-lmk", api=api)
+    local = {str(p.relative_to(staged)): p.read_bytes() for p in staged.rglob("*") if p.is_file()}
+    assert api.remote == local
 
 
 def test_token_never_comes_from_a_flag():

@@ -176,7 +176,7 @@ def test_config_file_round_trip_and_unknown_fields(tmp_path):
 def test_cli_rejects_a_bad_field_value(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"model": "m", "output_dir": str(tmp_path), "lora_alpha": -1}))
-    result = subprocess.run([sys.executable, "-m", "lmk_embed.cli", "train", "--config", str(config)],
+    result = subprocess.run([sys.executable, "-m", "cli", "train", "--config", str(config)],
                             capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.returncode != 0 and "`lora_alpha` must be a positive integer" in result.stderr
 
@@ -332,7 +332,7 @@ def write_cli_config(tmp_path, checkpoint, data, **overrides):
 def test_resume_after_sigkill(lmk_checkpoint, tmp_path):
     data = write_jsonl(toy_rows(64), tmp_path / "d.jsonl")
     config = write_cli_config(tmp_path, lmk_checkpoint, data, max_steps=3000, save_steps=10, save_total_limit=None)
-    command = [sys.executable, "-m", "lmk_embed.cli", "train", "--config", str(config)]
+    command = [sys.executable, "-m", "cli", "train", "--config", str(config)]
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoints = tmp_path / "run" / "checkpoints"
@@ -361,7 +361,7 @@ def test_two_process_ddp_with_gloo(lmk_checkpoint, tmp_path):
     config = write_cli_config(tmp_path, lmk_checkpoint, data, max_steps=3, save_steps=1000, ddp_backend="gloo",
                               gather_across_devices=True)
     torchrun = Path(sys.executable).with_name("torchrun")
-    result = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "lmk_embed.cli", "train", "--config",
+    result = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "cli", "train", "--config",
                              str(config)], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -221,7 +221,7 @@ def stdlib_doc_items(max_members_per_module: int = 12) -> tuple[DocItem, ...]:
     """
     import inspect
 
-    from lmk_embed.stdlib_corpus import import_quietly, module_pages, render_page, synopsis_of
+    from .stdlib_corpus import import_quietly, module_pages, render_page, synopsis_of
 
     items = []
     for page in module_pages():

@@ -214,7 +214,7 @@ def save_final(config: TrainConfig, st, embedder, family: str) -> Path:
     """The trained model as a full checkpoint (full / merged) or as a LoRA adapter."""
     from transformers import AutoModel
 
-    from lmk_embed.checkpoint import save_checkpoint
+    from .convert import save_checkpoint
 
     final_dir = Path(config.output_dir) / "final"
     if final_dir.exists():

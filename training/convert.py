@@ -1,7 +1,7 @@
-"""Writing checkpoints that satisfy the checkpoint contract (not shipped inside checkpoints).
+"""Conversion: backbones into checkpoints that satisfy the checkpoint contract.
 
 A checkpoint folder holds config.json (with `auto_map`), model.safetensors, the tokenizer files,
-the family's flat .py files (copied from this package, so they are never stale), and the
+the shipped package's flat .py files (copied from `lmk_embed/`, so they are never stale), and the
 sentence-transformers files: modules.json, config_sentence_transformers.json and the
 `st_module.EmbedderModule` config.
 """
@@ -14,56 +14,21 @@ from pathlib import Path
 
 import torch
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+from lmk_embed import AUTO_MAPS, shipped_files
 
-# The flat files each family ships, and the auto classes they provide.
-FAMILIES = {
-    "lmk_embedder": {
-        "files": ["configuration_lmk.py", "modeling_lmk.py", "tokenization_lmk.py", "encoding.py", "st_module.py"],
-        "auto_map": {
-            "AutoConfig": "configuration_lmk.LMKConfig",
-            "AutoModel": "modeling_lmk.LMKModel",
-            "AutoTokenizer": [None, "tokenization_lmk.LMKTokenizer"],
-        },
-        "tokenizer_class": "LMKTokenizer",
-    },
-    "recurrent_embedder": {
-        "files": [
-            "configuration_recurrent.py",
-            "modeling_recurrent.py",
-            "tokenization_recurrent.py",
-            "encoding.py",
-            "st_module.py",
-        ],
-        "auto_map": {
-            "AutoConfig": "configuration_recurrent.RecurrentEmbedConfig",
-            "AutoModel": "modeling_recurrent.RecurrentEmbedModel",
-            "AutoTokenizer": [None, "tokenization_recurrent.RecurrentEmbedTokenizer"],
-        },
-        "tokenizer_class": "RecurrentEmbedTokenizer",
-    },
-}
+# The tokenizer class each family's tokenizer_config.json names.
+TOKENIZER_CLASSES = {"lmk_embedder": "LMKTokenizer", "recurrent_embedder": "RecurrentEmbedTokenizer"}
 ST_MODULE_TYPE = "st_module.EmbedderModule"
 ST_NORMALIZE_TYPE = "sentence_transformers.base.modules.normalize.Normalize"
 
 
-def family_of(folder: str | Path) -> str:
-    """The family (`model_type`) recorded in a checkpoint's config.json."""
-    config_path = Path(folder) / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json; is it a checkpoint folder?")
-    model_type = json.loads(config_path.read_text()).get("model_type")
-    if model_type not in FAMILIES:
-        raise ValueError(f"{folder}: model_type {model_type!r} is not one of our families {sorted(FAMILIES)}.")
-    return model_type
-
-
-def write_shipped_code(folder: str | Path, family: str) -> list[str]:
-    """Copy the family's flat .py files from this package into `folder`; returns their names."""
-    files = FAMILIES[family]["files"]
-    for name in files:
-        shutil.copyfile(PACKAGE_DIR / name, Path(folder) / name)
-    return files
+def write_shipped_code(folder: str | Path) -> list[str]:
+    """Copy the shipped package's .py files (less `__init__`) into `folder`; returns their names."""
+    names = []
+    for path in shipped_files():
+        shutil.copyfile(path, Path(folder) / path.name)
+        names.append(path.name)
+    return names
 
 
 def _update_json(path: Path, **updates) -> None:
@@ -97,15 +62,15 @@ def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     family = model.config.model_type
-    spec = FAMILIES[family]
+    auto_map = AUTO_MAPS[family]
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
-    write_shipped_code(folder, family)
-    _update_json(folder / "config.json", auto_map=spec["auto_map"])
+    write_shipped_code(folder)
+    _update_json(folder / "config.json", auto_map=auto_map)
     _update_json(
         folder / "tokenizer_config.json",
-        auto_map={"AutoTokenizer": spec["auto_map"]["AutoTokenizer"]},
-        tokenizer_class=spec["tokenizer_class"],
+        auto_map={"AutoTokenizer": auto_map["AutoTokenizer"]},
+        tokenizer_class=TOKENIZER_CLASSES[family],
     )
     write_sentence_transformers_files(folder, normalize=model.config.normalize, prompts=model.sentence_transformers_prompts())
     return folder
@@ -156,9 +121,9 @@ def convert_to_lmk(
 
     `base_model` is the Hub id recorded for model cards; by default `source` when it is not a local folder.
     """
-    from .configuration_lmk import LMKConfig
-    from .modeling_lmk import LMKModel
-    from .tokenization_lmk import LMKTokenizer
+    from lmk_embed.configuration_lmk import LMKConfig
+    from lmk_embed.modeling_lmk import LMKModel
+    from lmk_embed.tokenization_lmk import LMKTokenizer
 
     backbone = load_source_backbone(source)
     config = LMKConfig(
@@ -181,32 +146,6 @@ def convert_to_lmk(
     return save_checkpoint(model, tokenizer, output_dir)
 
 
-def install_in_hub_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str | None = None) -> str:
-    """Lay `folder` out as a Hub cache entry so `repo_id` resolves offline (`HF_HUB_OFFLINE=1`).
-
-    Writes `cache_dir/models--org--name/snapshots/<revision>/...` and `refs/main`; returns the revision.
-    """
-    import hashlib
-
-    if repo_id.count("/") != 1:
-        raise ValueError(f"`repo_id` must look like 'org/name', got {repo_id!r}.")
-    folder = Path(folder)
-    if revision is None:  # a stable 40-hex id derived from the files' bytes
-        digest = hashlib.sha1()
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            digest.update(str(path.relative_to(folder)).encode())
-            digest.update(path.read_bytes())
-        revision = digest.hexdigest()
-    repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo_dir / "snapshots" / revision
-    if snapshot.exists():
-        shutil.rmtree(snapshot)
-    shutil.copytree(folder, snapshot)
-    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
-    (repo_dir / "refs" / "main").write_text(revision)
-    return revision
-
-
 def convert_to_recurrent(
     source: str | Path,
     output_dir: str | Path,
@@ -224,9 +163,9 @@ def convert_to_recurrent(
 
     The LM head is dropped: `AutoModel` loads the base model only.
     """
-    from .configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig
-    from .modeling_recurrent import RecurrentEmbedModel
-    from .tokenization_recurrent import RecurrentEmbedTokenizer
+    from lmk_embed.configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig
+    from lmk_embed.modeling_recurrent import RecurrentEmbedModel
+    from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
 
     backbone = load_source_backbone(source)
     config = RecurrentEmbedConfig(

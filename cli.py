@@ -21,7 +21,7 @@ def _positive_int(text: str) -> int:
 
 
 def _add_convert_lmk(subparsers) -> None:
-    from .configuration_lmk import POOLINGS, SPLITTERS
+    from lmk_embed.configuration_lmk import POOLINGS, SPLITTERS
 
     parser = subparsers.add_parser("convert-lmk", help="Turn an encoder (folder or Hub id) into an LMK checkpoint.")
     parser.add_argument("source", help="encoder checkpoint: a local folder, or a Hub id where the Hub is reachable")
@@ -39,7 +39,7 @@ def _add_convert_lmk(subparsers) -> None:
 
 
 def _run_convert_lmk(args) -> int:
-    from .checkpoint import convert_to_lmk
+    from training.convert import convert_to_lmk
 
     path = convert_to_lmk(
         args.source,
@@ -85,7 +85,7 @@ def _run_train(argv: list[str]) -> int:
 
 
 def _add_convert_recurrent(subparsers) -> None:
-    from .configuration_recurrent import SCHEDULES
+    from lmk_embed.configuration_recurrent import SCHEDULES
 
     parser = subparsers.add_parser("convert-recurrent", help="Turn a recurrent causal LM into an embedder checkpoint.")
     parser.add_argument("source", help="a Mamba2 / xLSTM / RWKV causal-LM checkpoint: a local folder, or a Hub id")
@@ -101,7 +101,7 @@ def _add_convert_recurrent(subparsers) -> None:
 
 
 def _run_convert_recurrent(args) -> int:
-    from .checkpoint import convert_to_recurrent
+    from training.convert import convert_to_recurrent
 
     path = convert_to_recurrent(
         args.source, args.output, schedule=args.schedule, block_size=args.block_size, add_bos_token=args.add_bos_token,

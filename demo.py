@@ -46,7 +46,7 @@ def minilm_path() -> Path:
 
 
 def convert_checkpoints(out_dir: Path, granularity: int) -> dict[str, Path]:
-    from .checkpoint import convert_to_lmk
+    from training.convert import convert_to_lmk
 
     return {
         pooling: convert_to_lmk(minilm_path(), out_dir / f"minilm-{pooling}", pooling=pooling, granularity=granularity,
@@ -56,7 +56,7 @@ def convert_checkpoints(out_dir: Path, granularity: int) -> dict[str, Path]:
 
 
 def stdlib_retrieval_data():
-    from .stdlib_corpus import module_pages
+    from training.stdlib_corpus import module_pages
 
     pages = module_pages()
     queries = {page.name: page.synopsis for page in pages}
@@ -71,7 +71,7 @@ def evaluate_checkpoints(checkpoints: dict[str, Path], data) -> dict[str, dict[s
 
     from model_cards import record_results
 
-    from .evaluation import evaluate_retrieval
+    from evaluation import evaluate_retrieval
 
     results = {}
     for name, path in tqdm(checkpoints.items(), desc="Evaluating", unit="model"):
@@ -109,7 +109,7 @@ def finetune_and_compare(out_dir: Path, steps: int, granularity: int) -> dict[st
     from training import TrainConfig, train
     from training.data import stdlib_training_rows
 
-    from .checkpoint import convert_to_lmk
+    from training.convert import convert_to_lmk
 
     _, held_out = stdlib_training_rows(num_negatives=1)
     bases = {
@@ -167,7 +167,7 @@ def _redirect_stdout(stream):
 
 def load_by_model_id(staged: Path, repo_id: str, cache_dir: Path) -> dict:
     """In a fresh offline process: SentenceTransformer(repo_id) resolved from a Hub-cache layout."""
-    from .checkpoint import install_in_hub_cache
+    from push import install_in_hub_cache
 
     revision = install_in_hub_cache(staged, repo_id, cache_dir)
     code = f"""
