@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,65 @@ except Exception:  # not installed, or no GPU toolchain
 
 # Backbones whose recurrent state we can carry between blocks, and how.
 STATE_CARRIERS = {"mamba2": "mamba2", "xlstm": "cache", "rwkv": "rwkv"}
+
+
+# ---- the state carried from one vertical block to the next --------------------------------------
+#
+# Each carrier keeps its state in one small typed structure with `select(rows)`, which keeps the
+# rows (sequences) still running when shorter ones have finished.
+
+
+@dataclass
+class Mamba2LayerState:
+    """One Mamba2 layer's state after a block.
+
+    conv_state [B, conv_dim, k - 1]: the last k - 1 inputs of the causal conv (all it needs next);
+    ssm_state [B, heads, head_dim, state]: the SSM state, float32.
+    """
+
+    conv_state: torch.Tensor
+    ssm_state: torch.Tensor
+
+    def select(self, rows: torch.Tensor) -> "Mamba2LayerState":
+        return Mamba2LayerState(self.conv_state[rows], self.ssm_state[rows])
+
+
+@dataclass
+class Mamba2State:
+    """Every Mamba2 layer's state, in layer order. Our own structure rather than transformers'
+    `DynamicCache`: its linear-attention layers copy new states in place into fixed buffers, which
+    breaks gradients through the carried state, and our mixer step keeps k - 1 conv inputs, not k."""
+
+    layers: list[Mamba2LayerState]
+
+    def select(self, rows: torch.Tensor) -> "Mamba2State":
+        return Mamba2State([layer.select(rows) for layer in self.layers])
+
+
+@dataclass
+class XlstmState:
+    """transformers' own `xLSTMCache`; per layer `rnn_state[i]` = (C [B, heads, qk, v], n [B, heads, qk], m [B, heads, 1])."""
+
+    cache: object  # xLSTMCache, imported lazily with the xLSTM model
+
+    def select(self, rows: torch.Tensor) -> "XlstmState":
+        # `rnn_state` is the cache's public per-layer store; it has no method to drop batch rows.
+        self.cache.rnn_state = {layer: tuple(t[rows] for t in states) for layer, states in self.cache.rnn_state.items()}
+        return self
+
+
+@dataclass
+class RwkvState:
+    """RWKV-4's state as transformers' `RwkvModel` takes and returns it: five [B, hidden, layers]
+    tensors (feed-forward shift, attention shift, numerator, denominator, max), layers stacked last."""
+
+    tensors: list[torch.Tensor]
+
+    def select(self, rows: torch.Tensor) -> "RwkvState":
+        return RwkvState([t[rows] for t in self.tensors])
+
+
+CarriedState = Mamba2State | XlstmState | RwkvState
 
 
 # ---- Mamba2 SSD scan: minimal reference, then the fast chunked form ---------------------------
@@ -124,9 +184,13 @@ def causal_conv_with_state(inputs, weight, bias, state):
     return out.transpose(1, 2), padded[:, :, -(k - 1) :].clone()  # a copy: a view would keep `padded` alive
 
 
-def mamba2_mixer_step(mixer, hidden_states, conv_state, ssm_state, chunk_size: int):
-    """One Mamba2 mixer over a block [b, t, d], carrying (conv_state, ssm_state); same math as
-    transformers' `Mamba2Mixer` torch path. Projections are called as modules, so LoRA applies."""
+def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chunk_size: int):
+    """One Mamba2 mixer over a block hidden_states [b, t, d] from `state` (None: zeros)
+    -> (output [b, t, d], Mamba2LayerState after the block).
+
+    Same math as transformers' `Mamba2Mixer` torch path. Projections are called as modules, so LoRA applies.
+    """
+    conv_state, ssm_state = (None, None) if state is None else (state.conv_state, state.ssm_state)
     b, t, _ = hidden_states.shape
     dtype = hidden_states.dtype
     projected = mixer.in_proj(hidden_states)
@@ -149,7 +213,7 @@ def mamba2_mixer_step(mixer, hidden_states, conv_state, ssm_state, chunk_size: i
         dt = torch.clamp(F.softplus(dt + mixer.dt_bias.to(dt.dtype)), min=limit[0], max=limit[1])
         y, ssm_state = ssd_chunked(x, dt, A, B, C, mixer.D, chunk_size, ssm_state)
     y = mixer.norm(y.reshape(b, t, -1), gate)
-    return mixer.out_proj(y.to(dtype)), conv_state, ssm_state
+    return mixer.out_proj(y.to(dtype)), Mamba2LayerState(conv_state, ssm_state)
 
 
 # ---- carrying state through other backbones' own caches ---------------------------------------
@@ -175,17 +239,15 @@ def _new_xlstm_cache(backbone, batch_size: int, like: torch.Tensor):
     return cache
 
 
-def _select_rows(state, rows: torch.Tensor):
-    """Keep `rows` of a carried state: our per-layer tuples, an RWKV list, or a transformers cache."""
-    if state is None:
-        return None
-    if isinstance(state, list):
-        return [tuple(t[rows] for t in item) if isinstance(item, tuple) else item[rows] for item in state]
-    if hasattr(state, "rnn_state"):  # xLSTMCache
-        state.rnn_state = {k: tuple(t[rows] for t in v) for k, v in state.rnn_state.items()}
-        return state
-    state.batch_select_indices(rows)  # DynamicCache
-    return state
+def _real_tokens_first(input_ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """input_ids [B, T] with each row's real tokens (mask [B, T] True) moved, in order, to its
+    front: a left-padded batch becomes right-padded, so a causal backbone never reads a pad before
+    the text and row i's EOS sits at lengths[i] - 1. A right-padded batch is returned as it is."""
+    right_padded = torch.arange(mask.shape[1], device=mask.device)[None] < lengths[:, None]
+    if bool((mask == right_padded).all()):
+        return input_ids
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # real positions first, in order
+    return input_ids.gather(1, order)
 
 
 # ---- the model --------------------------------------------------------------------------------
@@ -250,14 +312,22 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         schedule: str | None = None,
         block_size: int | None = None,
-        **kwargs,
     ) -> RecurrentOutput:
-        """input_ids / attention_mask [B, T] (right-padded) -> RecurrentOutput(embeddings [B, D])."""
+        """input_ids / attention_mask [B, T] -> RecurrentOutput(embeddings [B, D]).
+
+        Padding may be on either side: positions where `attention_mask` is 0 are left out, and each
+        row is pooled at its last real token (its EOS). Unknown arguments raise a TypeError.
+        """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"`attention_mask` has shape {tuple(attention_mask.shape)}; `input_ids` has {tuple(input_ids.shape)}."
+            )
         lengths = attention_mask.sum(dim=1)
         if bool((lengths == 0).any()):
             raise ValueError("Every input needs at least one token (its EOS); found an empty row.")
+        input_ids = _real_tokens_first(input_ids, attention_mask.bool(), lengths)
         longest = int(lengths.max())
         schedule, block_size = self.resolve_schedule(schedule, block_size, longest)
         input_ids = input_ids[:, :longest]
@@ -269,7 +339,10 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         return RecurrentOutput(embeddings=self._vertical(input_ids, lengths, block_size))
 
     def _vertical(self, input_ids: torch.Tensor, lengths: torch.Tensor, block_size: int) -> torch.Tensor:
-        """Blocks of `block_size` through all layers; finished sequences leave the batch."""
+        """Blocks of `block_size` through all layers; finished sequences leave the batch.
+
+        input_ids [B, T] right-padded, lengths [B] -> embeddings [B, D] float32.
+        """
         batch = input_ids.shape[0]
         embeddings = [None] * batch
         active = torch.arange(batch, device=input_ids.device)
@@ -277,7 +350,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         for start in range(0, int(lengths.max()), block_size):
             alive = lengths[active] > start
             if not bool(alive.all()):
-                active, state = active[alive], _select_rows(state, alive.nonzero().squeeze(1))
+                rows = alive.nonzero().squeeze(1)
+                active, state = active[rows], state.select(rows)
             end = min(start + block_size, int(lengths[active].max()))
             hidden, state = self.block_step(input_ids[active, start:end], state)
             eos = lengths[active] - 1
@@ -285,36 +359,34 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
                 embeddings[int(active[row])] = hidden[row, int(eos[row]) - start].float().clone()
         return torch.stack(embeddings)
 
-    def block_step(self, input_ids: torch.Tensor, state):
-        """One block [b, t] through every layer from `state` -> (final hidden [b, t, D], new state)."""
+    def block_step(self, input_ids: torch.Tensor, state: CarriedState | None):
+        """One block [b, t] through every layer from `state` (None: the start of the sequences)
+        -> (final hidden [b, t, D], the state after the block, for the next one)."""
         carrier = self.state_carrier
         if carrier == "mamba2":
             return self._mamba2_block(input_ids, state)
         if carrier == "rwkv":
-            output = self.backbone(input_ids=input_ids, state=state, use_cache=True)
-            return output.last_hidden_state, list(output.state)
-        if state is None and self.config.backbone_config.model_type == "xlstm":
-            state = _new_xlstm_cache(self.backbone, input_ids.shape[0], input_ids)
+            output = self.backbone(input_ids=input_ids, state=None if state is None else state.tensors, use_cache=True)
+            return output.last_hidden_state, RwkvState(list(output.state))
+        cache = _new_xlstm_cache(self.backbone, input_ids.shape[0], input_ids) if state is None else state.cache
         keyword = _cache_keyword(self.backbone)
-        output = self.backbone(input_ids=input_ids, use_cache=True, **{keyword: state})
-        return output.last_hidden_state, getattr(output, keyword)
+        output = self.backbone(input_ids=input_ids, use_cache=True, **{keyword: cache})
+        return output.last_hidden_state, XlstmState(getattr(output, keyword))
 
-    def _mamba2_block(self, input_ids: torch.Tensor, state):
+    def _mamba2_block(self, input_ids: torch.Tensor, state: Mamba2State | None):
         backbone = self.backbone
         hidden = backbone.embeddings(input_ids)
-        state = state or [(None, None)] * len(backbone.layers)
-        new_state = []
-        for layer, (conv_state, ssm_state) in zip(backbone.layers, state):
+        layer_states = [None] * len(backbone.layers) if state is None else state.layers
+        new_states = []
+        for layer, layer_state in zip(backbone.layers, layer_states):
             residual = hidden
             hidden = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
             if layer.residual_in_fp32:
                 residual = residual.to(torch.float32)
-            hidden, conv_state, ssm_state = mamba2_mixer_step(
-                layer.mixer, hidden, conv_state, ssm_state, self.config.ssd_chunk_size
-            )
+            hidden, layer_state = mamba2_mixer_step(layer.mixer, hidden, layer_state, self.config.ssd_chunk_size)
             hidden = residual + hidden
-            new_state.append((conv_state, ssm_state))
-        return backbone.norm_f(hidden), new_state
+            new_states.append(layer_state)
+        return backbone.norm_f(hidden), Mamba2State(new_states)
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -345,14 +417,23 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         device: str | torch.device | None = None,
         output_value: str = "embedding",
     ):
-        """Embed texts: a string, a list of strings, or streamed documents.
+        """Embed texts: a string, or a list (or any iterator, e.g. a generator) of strings.
 
-        A streamed document is a `pathlib.Path` to a UTF-8 text file or an iterator of text pieces
-        (also as items of the list); it is tokenized incrementally and fed block by block, so its
-        peak memory is bounded whatever its length, and it gets the embedding of the concatenated
-        text. Returns float32 `[N, D]` (numpy, or a tensor), `[D]` for a single input.
+        As in sentence-transformers, an iterable of texts is many texts: `encode(t for t in texts)`
+        equals `encode(list(texts))`. A `pathlib.Path` (alone or as an item of the list) is one
+        UTF-8 text file, streamed; to stream one document given in pieces, use `encode_stream`.
+        Returns float32 `[N, D]` (numpy, or a tensor), `[D]` for a single string or path.
         `schedule` ("auto", "horizontal", "vertical") and `block_size` (V) override the config.
         """
+        if isinstance(texts, Iterator) and not isinstance(texts, (str, os.PathLike)):
+            texts = list(texts)
+        if isinstance(texts, (list, tuple)):
+            for index, item in enumerate(texts):
+                if isinstance(item, Iterator):
+                    raise TypeError(
+                        f"`texts[{index}]` is an iterator ({type(item).__name__}); `texts` holds whole texts. "
+                        "To embed one document given in pieces, use `encode_stream(pieces)`."
+                    )
         return self._run_encode(
             texts,
             batch_size=batch_size,
@@ -363,6 +444,42 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
             device=device,
             output_value=output_value,
             options={"max_length": max_length, "schedule": schedule, "block_size": block_size},
+        )
+
+    def encode_stream(
+        self,
+        pieces,
+        max_length: int | None = None,
+        block_size: int | None = None,
+        normalize: bool | None = None,
+        prompt: str | None = None,
+        convert_to_tensor: bool = False,
+        device: str | torch.device | None = None,
+    ):
+        """Embed ONE document given in pieces -> float32 `[D]` (numpy, or a tensor).
+
+        `pieces`: an iterable of strings (a generator, a list, a text file object), or a
+        `pathlib.Path` to a UTF-8 text file. The result equals `encode("".join(pieces))`. The
+        pieces are tokenized incrementally and fed to the vertical schedule in blocks of V as
+        tokens arrive, so peak memory is bounded whatever the document's length.
+        """
+        if isinstance(pieces, str):
+            pieces = [pieces]
+        elif pieces is None or isinstance(pieces, (bytes, dict)) or not isinstance(pieces, (Iterable, os.PathLike)):
+            raise TypeError(
+                f"`pieces` must be an iterable of strings or a pathlib.Path, got {type(pieces).__name__}."
+            )
+        source = pieces if isinstance(pieces, os.PathLike) else iter(pieces)
+        return self._run_encode(
+            source,
+            batch_size=1,
+            normalize=normalize,
+            prompt=prompt,
+            show_progress_bar=False,
+            convert_to_tensor=convert_to_tensor,
+            device=device,
+            output_value="embedding",
+            options={"max_length": max_length, "schedule": "vertical", "block_size": block_size},
         )
 
     def encode_query(self, queries, task: str | None = None, **kwargs):
@@ -391,7 +508,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         return self(**features, schedule=plan["schedule"], block_size=plan["block_size"]).embeddings
 
     def _embed_stream(self, source, plan: dict) -> torch.Tensor:
-        """One streamed document, fed to the vertical schedule in blocks of V as tokens arrive."""
+        """One streamed document (an iterator of text pieces, or a path) -> [D]: fed to the
+        vertical schedule in blocks of V as tokens arrive."""
         if plan["schedule"] == "horizontal":
             raise ValueError("Streamed documents use the vertical schedule; `schedule='horizontal'` cannot stream.")
         _, block_size = self.resolve_schedule("vertical", plan["block_size"], longest=0)

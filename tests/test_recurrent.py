@@ -110,9 +110,9 @@ def test_final_states_match_transformers_cache(model):
         _, ours = model.block_step(ids[:, :V], None)
         _, ours = model.block_step(ids[:, V:], ours)
         theirs = model.backbone(ids, use_cache=True).cache_params
-    for layer, (conv_state, ssm_state) in enumerate(ours):
-        torch.testing.assert_close(ssm_state, theirs.layers[layer].recurrent_states[0], atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(conv_state, theirs.layers[layer].conv_states[0][..., 1:], atol=1e-6, rtol=0)
+    for layer, state in enumerate(ours.layers):
+        torch.testing.assert_close(state.ssm_state, theirs.layers[layer].recurrent_states[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(state.conv_state, theirs.layers[layer].conv_states[0][..., 1:], atol=1e-6, rtol=0)
 
 
 def test_encode_agrees_with_reference_on_text(model):
@@ -181,14 +181,15 @@ def test_streaming_matches_encoding_the_concatenated_text(model, tmp_path, monke
     rng = np.random.default_rng(1)
     expected = model.encode(text, schedule="vertical", block_size=V)
     assert np.abs(model.encode(text, schedule="horizontal") - expected).max() <= 1e-4
-    from_iterator = model.encode(iter(random_pieces(text, rng)), block_size=V)
+    from_iterator = model.encode_stream(iter(random_pieces(text, rng)), block_size=V)
     path = tmp_path / "doc.txt"
     path.write_text(text, encoding="utf-8")
     from_path = model.encode(pathlib.Path(path), block_size=V)
-    mixed = model.encode(["short", pathlib.Path(path), iter([text[:100], text[100:]])], block_size=V)
+    mixed = model.encode(["short", pathlib.Path(path), text], block_size=V)
     assert np.abs(from_iterator - expected).max() <= 1e-4
     assert np.abs(from_path - expected).max() <= 1e-4
     assert np.abs(mixed[1] - expected).max() <= 1e-4
+    assert np.abs(mixed[2] - expected).max() <= 1e-4
     assert np.abs(mixed[0] - model.encode("short")).max() <= 1e-4
 
 
@@ -201,27 +202,28 @@ def test_streaming_never_holds_the_whole_document(model, monkeypatch):
     step = model.block_step
     monkeypatch.setattr(model, "block_step", lambda ids, state: seen.append(ids.shape[1]) or step(ids, state))
     pieces = (f"piece number {i} of a long stream. " for i in range(3000))
-    model.encode(pieces, block_size=V)
+    model.encode_stream(pieces, block_size=V)
     assert len(seen) > 100 and max(seen) <= V
 
 
-def test_empty_iterator_is_the_empty_text(model):
-    np.testing.assert_allclose(model.encode(iter([])), model.encode(""), atol=1e-5)
+def test_empty_stream_is_the_empty_text(model):
+    np.testing.assert_allclose(model.encode_stream(iter([])), model.encode(""), atol=1e-5)
+    assert model.encode(iter([])).shape == (0, model.config.embedding_dim)  # no texts
 
 
 def test_stream_bad_pieces_and_missing_file(model):
     with pytest.raises(TypeError, match="piece 1"):
-        model.encode(iter(["ok", 3]))
+        model.encode_stream(iter(["ok", 3]))
     with pytest.raises(FileNotFoundError):
         model.encode(pathlib.Path("/nonexistent/doc.txt"))
     with pytest.raises(ValueError, match="horizontal"):
-        model.encode(iter(["a"]), schedule="horizontal")
+        model.encode(pathlib.Path(__file__), schedule="horizontal")
 
 
 def test_streaming_truncation_warns_once(model):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        vector = model.encode(iter(["word "] * 5000), max_length=50)
+        vector = model.encode_stream(iter(["word "] * 5000), max_length=50)
     assert sum("truncated" in str(w.message) for w in caught) == 1
     np.testing.assert_allclose(vector, model.encode("word " * 5000, max_length=50), atol=1e-4)
 
