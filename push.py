@@ -8,8 +8,10 @@
    and tokenizer files, the sentence-transformers files, the card, its plots and the run/results
    files. The shipped .py files come from `lmk_embed/`'s current source, so a checkpoint
    never ships stale code. Refused (non-zero exit, with the reason): pickled weights (.bin, .pt,
-   .pkl, ...), non-weight files over --max-file-mb, `.env` files, anything that looks like a Hub
-   token (`hf_` + 30 characters) or a private key. Files outside the allow-list are listed and left out.
+   .pkl, ...), non-weight files over --max-file-mb, `.env` files, weights with a NaN or inf in any
+   tensor (every tensor is read, one at a time), and anything that looks like a Hub token (`hf_` + 30
+   characters) or a private key, in any file: PNG text chunks (tEXt, and zTXt / iTXt decompressed)
+   and safetensors metadata and tensor names included. Files outside the allow-list are listed and left out.
 2. validate: in a fresh process, offline, from another directory: load the staged folder with
    AutoModel and with SentenceTransformer, embed a fixed probe set, compare with the source
    checkpoint (max abs diff <= 1e-5), and check the card's metadata. Any failure stops the push.
@@ -28,11 +30,16 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
 
 from lmk_embed import AUTO_MAPS, shipped_files
 
@@ -81,6 +88,83 @@ def family_of(folder: Path) -> str:
     return model_type
 
 
+def secrets_in(texts) -> list[str]:
+    """What in `texts` (bytes) looks like a secret, one reason per kind."""
+    problems = []
+    if any(TOKEN_PATTERN.search(text) for text in texts):
+        problems.append("contains what looks like a Hugging Face token (hf_...)")
+    if any(PRIVATE_KEY_PATTERN.search(text) for text in texts):
+        problems.append("contains a private key")
+    return problems
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj()
+    text = inflater.decompress(data, limit)
+    if inflater.unconsumed_tail:  # refuse what cannot be scanned whole rather than pass it unscanned
+        raise ValueError(f"a compressed PNG text chunk inflates to more than {limit} bytes")
+    return text
+
+
+def png_texts(path: Path, limit: int) -> list[bytes]:
+    """The text of every tEXt, zTXt and iTXt chunk of a PNG, decompressed (keyword and text).
+
+    A compressed chunk hides its text from a scan of the raw bytes. Raises ValueError when the file
+    is not a well-formed PNG or a chunk cannot be decompressed, so nothing passes unscanned."""
+    data = path.read_bytes()
+    if not data.startswith(PNG_SIGNATURE):
+        raise ValueError("not a PNG file (bad signature)")
+    texts, offset = [], len(PNG_SIGNATURE)
+    try:
+        while offset < len(data):
+            (length,) = struct.unpack(">I", data[offset:offset + 4])
+            kind, body = data[offset + 4:offset + 8], data[offset + 8:offset + 8 + length]
+            if len(body) != length:
+                raise ValueError(f"truncated {kind!r} chunk")
+            offset += 12 + length  # length, type, data, CRC
+            if kind == b"tEXt":
+                texts.append(body)
+            elif kind == b"zTXt":  # keyword \0 method compressed-text
+                keyword, _, rest = body.partition(b"\0")
+                texts += [keyword, _inflate(rest[1:], limit)]
+            elif kind == b"iTXt":  # keyword \0 flag method language \0 translated \0 text
+                keyword, _, rest = body.partition(b"\0")
+                flag, language_and_rest = rest[:1], rest[2:]
+                language, _, rest = language_and_rest.partition(b"\0")
+                translated, _, text = rest.partition(b"\0")
+                texts += [keyword, language, translated, _inflate(text, limit) if flag == b"\1" else text]
+            elif kind == b"IEND":
+                break
+    except (struct.error, zlib.error) as error:
+        raise ValueError(f"cannot read its PNG chunks to scan them ({error})") from error
+    return texts
+
+
+def scan_safetensors(path: Path) -> list[str]:
+    """Problems with one safetensors file: a tensor holding a NaN or inf, or a secret in its header.
+
+    Reads one tensor at a time, so memory stays at the largest tensor whatever the file's size. Probe
+    texts would miss a NaN in one embedding row; the first user whose text holds that token would not."""
+    problems = []
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            metadata = weights.metadata() or {}
+            header = [text.encode() for item in metadata.items() for text in item] + [k.encode() for k in weights.keys()]
+            problems += [f"metadata or tensor names {problem}" for problem in secrets_in(header)]
+            for key in weights.keys():
+                tensor = weights.get_tensor(key)
+                if tensor.is_floating_point() or tensor.is_complex():
+                    bad = int((~torch.isfinite(tensor)).sum())
+                    if bad:
+                        problems.append(f"tensor {key!r} has {bad} non-finite value(s) (NaN or inf)")
+    except SafetensorError as error:
+        problems.append(f"is not a readable safetensors file ({error})")
+    return problems
+
+
 def _relative_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -104,18 +188,28 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
             refusals.append(f"{name}: environment files are never published")
         elif not lower.endswith(WEIGHT_SUFFIXES) and path.stat().st_size > max_file_mb * 2**20:
             refusals.append(f"{name}: {path.stat().st_size / 2**20:.2f} MB is over --max-file-mb={max_file_mb:g} and is not weights")
-        elif not lower.endswith(WEIGHT_SUFFIXES + (".png",)):
-            content = path.read_bytes()
-            if TOKEN_PATTERN.search(content):
-                refusals.append(f"{name}: contains what looks like a Hugging Face token (hf_...)")
-            if PRIVATE_KEY_PATTERN.search(content):
-                refusals.append(f"{name}: contains a private key")
+        elif lower.endswith(WEIGHT_SUFFIXES):
+            refusals.extend(f"{name}: {problem}" for problem in scan_safetensors(path))
+        else:
+            texts = [path.read_bytes()]
+            if lower.endswith(".png"):
+                try:
+                    texts.extend(png_texts(path, limit=int(max_file_mb * 2**20)))
+                except ValueError as error:
+                    refusals.append(f"{name}: {error}")
+            refusals.extend(f"{name}: {problem}" for problem in secrets_in(texts))
+    for path in shipped_files():  # staged from the current source, so scanned there
+        refusals.extend(f"{path.name} (current source): {problem}" for problem in secrets_in([path.read_bytes()]))
     if refusals:
         raise PushError("refusing to stage " + str(source) + ":\n  " + "\n  ".join(refusals))
     if not (source / "model.safetensors").exists() and not (source / "model.safetensors.index.json").exists():
         raise PushError(f"{source} has no model.safetensors.")
 
     target = Path(stage_dir)
+    inside = {source.resolve(), *source.resolve().parents}
+    if target.resolve() in inside or source.resolve() in target.resolve().parents:
+        # the staging folder is emptied first: it must not hold, or be held by, the checkpoint
+        raise PushError(f"--stage-dir {target} overlaps the checkpoint {source}; stage somewhere else.")
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
@@ -244,8 +338,8 @@ def install_in_hub_cache(folder: str | Path, repo_id: str, cache_dir: str | Path
 # ---- the command ----------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="push.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The command's arguments, on `parser` (this script's own, or `lmk-embed push`)."""
     parser.add_argument("checkpoint", help="the checkpoint folder to publish")
     parser.add_argument("repo_id", help="org/name on the Hub")
     parser.add_argument("--stage-dir", default=None, help="staging folder (default: a new temporary folder)")
@@ -258,10 +352,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="push.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return add_arguments(parser)
+
+
 def main(argv: list[str] | None = None, api=None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv), api=api)
+
+
+def run(args: argparse.Namespace, api=None) -> int:
+    """Stage, validate, then upload (or stop, with --dry-run). Exit status: 2 for a bad argument,
+    1 when the push is refused or fails validation, 0 otherwise."""
     if "/" not in args.repo_id:
         print(f"push: `repo_id` must look like org/name, got {args.repo_id!r}", file=sys.stderr)
+        return 2
+    if not Path(args.checkpoint).is_dir():
+        print(f"push: `checkpoint` {args.checkpoint!r} is not a folder", file=sys.stderr)
+        return 2
+    if not args.max_file_mb > 0:
+        print(f"push: --max-file-mb must be > 0, got {args.max_file_mb:g}", file=sys.stderr)
         return 2
     stage_dir = Path(args.stage_dir) if args.stage_dir else Path(tempfile.mkdtemp(prefix="lmk-embed-stage-")) / "staged"
     try:
