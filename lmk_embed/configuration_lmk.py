@@ -75,7 +75,7 @@ class LMKConfig(PretrainedConfig):
             "lmk_splitter": self.splitter,
             "lmk_granularities": list(self.granularities),
             "lmk_seed": self.splitter_seed,
-            "lmk_landmark_token": self.landmark_token,
+            "lmk_landmark": self.landmark_token,  # no `_token` suffix: transformers would make it a special token
         }
 
 

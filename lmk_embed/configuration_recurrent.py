@@ -70,7 +70,8 @@ class RecurrentEmbedConfig(PretrainedConfig):
         return self.query_template.format(task=self.default_task if task is None else task)
 
     def tokenizer_options(self) -> dict:
-        return {"rec_add_bos_token": self.add_bos_token}
+        """The defaults the tokenizer reads from tokenizer_config.json (no option name ends in `_token`)."""
+        return {"rec_add_bos": self.add_bos_token}
 
 
 __all__ = ["RecurrentEmbedConfig"]

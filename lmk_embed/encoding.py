@@ -17,6 +17,9 @@ warns once per call.
 
 Both families' tokenizers also share the single Rust pass without special tokens
 (`encode_content`, which cuts very long texts at a safe place first) and their call checks.
+That pass runs on a private, configured copy of the tokenizer's Rust backend: the shared
+backend's truncation, padding and `encode_special_tokens` settings are never changed, so any
+number of threads may encode with one model.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
+from copy import deepcopy
 
 import numpy as np
 import torch
@@ -37,6 +41,8 @@ except ImportError:  # pragma: no cover
 
 # Show a progress bar by default from this many batches on.
 PROGRESS_MIN_BATCHES = 8
+# The `from_pretrained` arguments that say where a checkpoint's files are; its tokenizer gets them too.
+TOKENIZER_LOADING_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
 
 
 def check_positive_int(name: str, value) -> int:
@@ -64,6 +70,15 @@ def warn_truncated(count: int, total: int, max_length, stacklevel: int, detail: 
             f"{count} of {total} texts were longer than max_length={max_length} tokens and were truncated{detail}.",
             UserWarning,
             stacklevel=stacklevel + 1,
+        )
+
+
+def check_position_limit(name: str, max_length, limit: int | None) -> None:
+    """`max_length` (given as `name`) must fit the backbone's `limit` positions (None: no limit)."""
+    if max_length is not None and limit is not None and max_length > limit:
+        raise ValueError(
+            f"`{name}`={max_length} exceeds the backbone's limit of {limit} positions; "
+            f"use `{name}` <= {limit} (longer texts are truncated with a warning)."
         )
 
 
@@ -126,6 +141,26 @@ def last_safe_cut(text: str) -> int:
     return last
 
 
+def content_backend(tokenizer):
+    """A private copy of `tokenizer.backend_tokenizer` that never truncates or pads and keeps
+    literal special tokens ("[SEP]", "</s>") as plain text.
+
+    The copy is made once per tokenizer (again after tokens are added) and only read from then
+    on, so concurrent encodes share it safely and the user's backend keeps its own settings.
+    """
+    shared = tokenizer.backend_tokenizer
+    key = shared.get_vocab_size(with_added_tokens=True)
+    cached = tokenizer.__dict__.get("_content_backend")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    backend = deepcopy(shared)
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = True
+    tokenizer.__dict__["_content_backend"] = (key, backend)  # one atomic store: a racing thread builds an equal copy
+    return backend
+
+
 def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
     """One Rust pass over `texts` without special tokens (literal "[SEP]", "</s>" stay plain text).
 
@@ -134,28 +169,19 @@ def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
     yields more than `max_tokens` tokens: its first tokens are the same, and the caller still sees
     that the text exceeds the budget.
     """
-    backend = tokenizer._tokenizer
-    saved = backend.encode_special_tokens
-    backend.encode_special_tokens = True
-    if backend.truncation is not None:
-        backend.no_truncation()
-    if backend.padding is not None:
-        backend.no_padding()
-    try:
-        if max_tokens is None:
-            return backend.encode_batch(texts, add_special_tokens=False)
-        limit = _CHARS_PER_TOKEN_BOUND * (max_tokens + 1)
-        prefixes = []
-        for text in texts:
-            cut = last_safe_cut(text[:limit]) if len(text) > limit else 0
-            prefixes.append(text[:cut] if cut else text)
-        encodings = backend.encode_batch(prefixes, add_special_tokens=False)
-        for index, (text, prefix, encoding) in enumerate(zip(texts, prefixes, encodings)):
-            if len(prefix) < len(text) and len(encoding.ids) <= max_tokens:  # rare: very long tokens
-                encodings[index] = backend.encode(text, add_special_tokens=False)
-        return encodings
-    finally:
-        backend.encode_special_tokens = saved
+    backend = content_backend(tokenizer)
+    if max_tokens is None:
+        return backend.encode_batch(texts, add_special_tokens=False)
+    limit = _CHARS_PER_TOKEN_BOUND * (max_tokens + 1)
+    prefixes = []
+    for text in texts:
+        cut = last_safe_cut(text[:limit]) if len(text) > limit else 0
+        prefixes.append(text[:cut] if cut else text)
+    encodings = backend.encode_batch(prefixes, add_special_tokens=False)
+    for index, (text, prefix, encoding) in enumerate(zip(texts, prefixes, encodings)):
+        if len(prefix) < len(text) and len(encoding.ids) <= max_tokens:  # rare: very long tokens
+            encodings[index] = backend.encode(text, add_special_tokens=False)
+    return encodings
 
 
 def check_tokenizer_call(owner: str, text, kwargs: dict, padding, return_tensors, specials_reason: str):
@@ -176,6 +202,19 @@ def check_tokenizer_call(owner: str, text, kwargs: dict, padding, return_tensors
     return single, list(texts)
 
 
+class ModelInputs(dict):
+    """One batch's model inputs, `{name: [B, T] tensor}`, that also says what was truncated.
+
+    A plain dict to `model(**inputs)`; `truncated` (bool [B]) and `max_length` (the budget) are
+    attributes, read by callers that report truncation (the sentence-transformers module).
+    """
+
+    def __init__(self, tensors: dict, truncated: np.ndarray, max_length: int | None):
+        super().__init__(tensors)
+        self.truncated = truncated
+        self.max_length = max_length
+
+
 def to_batch_encoding(data: dict[str, np.ndarray], single: bool, return_tensors):
     """[B, T] arrays -> BatchEncoding: python lists (one text: not batched), or "pt" / "np" arrays."""
     from transformers import BatchEncoding
@@ -193,19 +232,41 @@ class EncoderMixin:
     output_values: tuple[str, ...] = ("embedding",)
     tokenizer_class = None
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, remembering where the weights came from: the lazily
+        loaded tokenizer then comes from the same revision, cache, subfolder and token."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True
+        model._tokenizer_loading_kwargs = {
+            name: kwargs[name] for name in TOKENIZER_LOADING_KWARGS if kwargs.get(name) is not None
+        }
+        return loaded
+
     @property
     def tokenizer(self):
-        """The checkpoint's tokenizer, loaded from the model's folder or Hub id on first use."""
+        """The checkpoint's tokenizer, loaded on first use from where the model was loaded."""
         if getattr(self, "_tokenizer", None) is None:
             if not self.name_or_path:
                 name = self.tokenizer_class.__name__
                 raise ValueError(f"This model has no tokenizer: set `model.tokenizer = {name}.from_pretrained(...)`.")
-            self._tokenizer = self.tokenizer_class.from_pretrained(self.name_or_path)
+            loading_kwargs = getattr(self, "_tokenizer_loading_kwargs", None) or {}
+            self._tokenizer = self.tokenizer_class.from_pretrained(self.name_or_path, **loading_kwargs)
         return self._tokenizer
 
     @tokenizer.setter
     def tokenizer(self, tokenizer) -> None:
         self._tokenizer = tokenizer
+
+    def max_positions(self) -> int | None:
+        """The most tokens one sequence may hold: the size of the backbone's absolute position
+        table, less the positions a padding offset reserves (RoBERTa-style). None when there is
+        no such table (rotary or recurrent backbones), so no hard limit."""
+        for name, module in self.backbone.named_modules():
+            if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, torch.nn.Embedding):
+                reserved = module.padding_idx + 1 if module.padding_idx is not None else 0
+                return int(module.num_embeddings) - reserved
+        return None
 
     def get_input_embeddings(self):
         return self.backbone.get_input_embeddings()
@@ -250,6 +311,9 @@ class EncoderMixin:
             raise TypeError(f"`prompt` must be a string or None, got {type(prompt).__name__}.")
         normalize = bool(self.config.normalize if normalize is None else normalize)
         plan = self._prepare_encode(prompt=prompt, output_value=output_value, **options)
+        given = options.get("max_length")
+        check_position_limit("max_length" if given is not None else "config.max_length", plan.get("max_length"),
+                             self.max_positions())
         plan["num_truncated"] = 0
         if device is not None:
             self.to(device)

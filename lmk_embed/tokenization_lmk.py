@@ -40,6 +40,7 @@ from .encoding import (
     check_max_length,
     check_positive_int,
     check_tokenizer_call,
+    ModelInputs,
     encode_content,
     to_batch_encoding,
     warn_truncated,
@@ -72,12 +73,14 @@ class LandmarkBatch:
     max_length: int | None
     spans: list[list[tuple[int, int]]] | None = None
 
-    def tensors(self, device=None) -> dict[str, torch.Tensor]:
-        return {
+    def tensors(self, device=None) -> ModelInputs:
+        """The model inputs: int64 [B, T] tensors (a dict that also carries `truncated`)."""
+        tensors = {
             "input_ids": torch.from_numpy(self.input_ids).to(device),
             "attention_mask": torch.from_numpy(self.attention_mask).to(device),
             "landmark_mask": torch.from_numpy(self.landmark_mask).to(device),
         }
+        return ModelInputs(tensors, self.truncated, self.max_length)
 
 
 def _exclusive_cumsum_per_group(values: np.ndarray, group_starts: np.ndarray, group_of: np.ndarray) -> np.ndarray:
@@ -95,7 +98,10 @@ class LMKTokenizer(PreTrainedTokenizerFast):
     It defines no `__init__`: transformers 5.23 rebuilds the vocabulary (ignoring tokenizer.json)
     for remote-code subclasses that do. Options live in tokenizer_config.json and are read from
     `init_kwargs`: `lmk_pooling`, `lmk_granularity`, `lmk_splitter`, `lmk_granularities`,
-    `lmk_seed` and `lmk_landmark_token` ("sep", "eos" or a literal token).
+    `lmk_seed` and `lmk_landmark` ("sep", "eos" or a literal token).
+
+    No option name ends in `_token`: transformers registers such init kwargs as special tokens,
+    which would add e.g. "sep" to the vocabulary and split "separate" as `sep ara ##te`.
     """
 
     # ---- options ---------------------------------------------------------------------------
@@ -122,8 +128,8 @@ class LMKTokenizer(PreTrainedTokenizerFast):
 
     @property
     def landmark_token_id(self) -> int:
-        """The landmark: SEP, or EOS when the tokenizer has no SEP (`lmk_landmark_token` overrides)."""
-        choice = self._option("lmk_landmark_token", "sep")
+        """The landmark: SEP, or EOS when the tokenizer has no SEP (`lmk_landmark` overrides)."""
+        choice = self._landmark_option()
         if choice == "sep":
             token_id = self.sep_token_id if self.sep_token_id is not None else self.eos_token_id
         elif choice == "eos":
@@ -134,10 +140,20 @@ class LMKTokenizer(PreTrainedTokenizerFast):
                 token_id = None
         if token_id is None:
             raise ValueError(
-                f"The tokenizer has no landmark token: `lmk_landmark_token`={choice!r} but it has neither a SEP nor "
-                "an EOS token. Set `lmk_landmark_token` to a token in the vocabulary."
+                f"The tokenizer has no landmark token: `lmk_landmark`={choice!r} but it has neither a SEP nor "
+                "an EOS token. Set `lmk_landmark` to a token in the vocabulary."
             )
         return int(token_id)
+
+    def _landmark_option(self) -> str:
+        """`lmk_landmark`; checkpoints written before the rename stored `lmk_landmark_token`, which
+        transformers moves into `model_specific_special_tokens` on load."""
+        legacy = self.init_kwargs.get("model_specific_special_tokens") or {}
+        for value in (self.init_kwargs.get("lmk_landmark"), legacy.get("lmk_landmark_token"),
+                      self.init_kwargs.get("lmk_landmark_token")):
+            if value is not None:
+                return str(value)
+        return "sep"
 
     @property
     def start_token_id(self) -> int | None:

@@ -17,6 +17,7 @@ from transformers import BatchEncoding, PreTrainedTokenizerFast
 
 from .encoding import (
     check_max_length,
+    ModelInputs,
     check_tokenizer_call,
     encode_content,
     last_safe_cut,
@@ -33,30 +34,38 @@ LONG_TEXT_CHARS = 65_536
 
 @dataclass
 class RecurrentBatch:
-    """input_ids, attention_mask: int64 [B, T]; lengths: int64 [B] (EOS at lengths - 1); truncated: bool [B]."""
+    """input_ids, attention_mask: int64 [B, T]; lengths: int64 [B] (EOS at lengths - 1); truncated: bool [B];
+    max_length: the token budget it was built with (None: unbounded)."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     lengths: np.ndarray
     truncated: np.ndarray
+    max_length: int | None = None
 
-    def tensors(self, device=None) -> dict[str, torch.Tensor]:
-        return {
+    def tensors(self, device=None) -> ModelInputs:
+        """The model inputs: int64 [B, T] tensors (a dict that also carries `truncated`)."""
+        tensors = {
             "input_ids": torch.from_numpy(self.input_ids).to(device),
             "attention_mask": torch.from_numpy(self.attention_mask).to(device),
         }
+        return ModelInputs(tensors, self.truncated, self.max_length)
 
 
 class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
     """A fast tokenizer whose call appends EOS (and optionally prepends BOS).
 
     No `__init__` (transformers 5.23 mis-loads remote-code subclasses that define one); the option
-    `rec_add_bos_token` is read from tokenizer_config.json through `init_kwargs`.
+    `rec_add_bos` is read from tokenizer_config.json through `init_kwargs`. (No option name ends
+    in `_token`: transformers registers string-valued ones as special tokens.)
     """
 
     @property
     def add_bos(self) -> bool:
-        return bool(self.init_kwargs.get("rec_add_bos_token") or False)
+        value = self.init_kwargs.get("rec_add_bos")
+        if value is None:  # the option's name in checkpoints written before the rename
+            value = self.init_kwargs.get("rec_add_bos_token")
+        return bool(value or False)
 
     @property
     def eos_id(self) -> int:
@@ -69,7 +78,7 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
         if not self.add_bos:
             return []
         if self.bos_token_id is None:
-            raise ValueError("`rec_add_bos_token` is set but the tokenizer has no BOS token.")
+            raise ValueError("`rec_add_bos` is set but the tokenizer has no BOS token.")
         return [int(self.bos_token_id)]
 
     def check_max_length(self, max_length) -> None:
@@ -128,7 +137,7 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
             input_ids[:, 0] = prefix[0]
         input_ids[np.arange(len(full)), lengths - 1] = eos
         attention_mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        return RecurrentBatch(input_ids, attention_mask, lengths, kept < content)
+        return RecurrentBatch(input_ids, attention_mask, lengths, kept < content, max_length)
 
     def _long_text_ids(self, text: str, budget: int | None) -> np.ndarray:
         """Content ids of a long text, tokenized piece by piece (stops once over `budget`)."""

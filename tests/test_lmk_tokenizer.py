@@ -223,3 +223,30 @@ def test_long_texts_are_cut_before_tokenizing_without_changing_tokens(tokenizer,
     few_long_words = ("x" * 200 + " ") * 500  # 1 token per 201 chars: the prefix is too short, so all is read
     batch = tokenizer.build_layout([few_long_words], granularity=16, max_length=300)
     assert int(batch.attention_mask[0].sum()) == 300 and batch.truncated[0]
+
+
+def test_checkpoint_tokenizer_holds_exactly_the_backbone_vocabulary(minilm_lmk_checkpoint, minilm_path, bert):
+    """No option of ours becomes a special token: a checkpoint converted with the default landmark
+    ("sep") must not split "separate" as `sep ara ##te` for tools that read tokenizer.json as is."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    def added(folder):
+        return json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+
+    assert added(minilm_lmk_checkpoint) == added(minilm_path)
+    text = "Separate the sepal from the petal; a [SEP] token separates segments."
+    plain = Tokenizer.from_file(str(minilm_lmk_checkpoint / "tokenizer.json"))
+    backbone = Tokenizer.from_file(str(minilm_path / "tokenizer.json"))
+    assert plain.encode(text).ids == backbone.encode(text).ids
+    loaded = AutoTokenizer.from_pretrained(minilm_lmk_checkpoint, trust_remote_code=True)
+    assert loaded.tokenize(text) == bert.tokenize(text)
+    assert "separate" in loaded.tokenize(text)
+    assert not any(key.endswith("_token") and key.startswith(("lmk_", "rec_")) for key in loaded.init_kwargs)
+
+
+def test_landmark_option_of_older_checkpoints_is_still_read(minilm_path):
+    old = LMKTokenizer.from_pretrained(minilm_path, lmk_landmark_token="[CLS]")  # the pre-rename option name
+    assert old.landmark_token_id == CLS
+    assert LMKTokenizer.from_pretrained(minilm_path, lmk_landmark="[CLS]").landmark_token_id == CLS
