@@ -8,26 +8,40 @@ both give the same vectors. modules.json names it as `st_module.EmbedderModule`.
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 from sentence_transformers.base.modules import InputModule
 from transformers import AutoModel, AutoTokenizer
 
+from .encoding import check_position_limit, warn_truncated
+
 
 class EmbedderModule(InputModule):
-    """Wraps a family model: `preprocess` -> model inputs, `forward` -> `sentence_embedding` [B, D]."""
+    """Wraps a family model: `preprocess` -> model inputs, `forward` -> `sentence_embedding` [B, D].
+
+    Its one option, `family` (the model's `model_type`), is saved to and read from
+    `embedder_module_config.json` with the Module's `save_config` / `load_config`; loading checks
+    that the checkpoint's model is of that family.
+    """
 
     config_file_name = "embedder_module_config.json"
-    config_keys: list[str] = []
+    config_keys: list[str] = ["family"]
     save_in_root = True
 
-    def __init__(self, model, tokenizer=None):
+    def __init__(self, model, tokenizer=None, family: str | None = None):
         super().__init__()
+        if family is not None and family != model.config.model_type:
+            raise ValueError(
+                f"{self.config_file_name} names the family {family!r}, but the checkpoint's model is "
+                f"{model.config.model_type!r}."
+            )
         self.model = model
         if tokenizer is not None:
             model.tokenizer = tokenizer
+        self._truncation_reported = False
+
+    @property
+    def family(self) -> str:
+        return self.model.config.model_type
 
     @property
     def tokenizer(self):
@@ -39,19 +53,41 @@ class EmbedderModule(InputModule):
 
     @max_seq_length.setter
     def max_seq_length(self, value: int | None) -> None:
+        check_position_limit("max_seq_length", value, self.model.max_positions())
         self.model.config.max_length = value
 
     def get_embedding_dimension(self) -> int:
         return int(self.model.config.embedding_dim)
 
+    def train(self, mode: bool = True):
+        # SentenceTransformer.encode switches the model to eval mode (torch's Module.train, which
+        # reaches every submodule) at the start of each call: re-arm the call's truncation warning.
+        self._truncation_reported = False
+        return super().train(mode)
+
     def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
-        """Texts -> the model's input tensors; in training mode LMK draws its variable g here."""
+        """Texts -> the model's input tensors ([B, T] each); in training mode LMK draws its variable g here.
+
+        At inference, the first batch of an encode call that truncates a text warns, as the
+        model's own `encode()` does (once per call).
+        """
         texts = list(inputs)
         for index, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"inputs[{index}] must be a string, got {type(text).__name__}.")
         max_length = kwargs.get("max_length")  # the trainer's per-column budget (queries vs passages)
-        return self.model.prepare_features(texts, prompt=prompt or None, training=self.training, max_length=max_length)
+        if max_length is None:
+            check_position_limit("max_seq_length", self.max_seq_length, self.model.max_positions())
+        else:
+            check_position_limit("max_length", max_length, self.model.max_positions())
+        features = self.model.prepare_features(texts, prompt=prompt or None, training=self.training, max_length=max_length)
+        truncated = getattr(features, "truncated", None)
+        # Training batches are truncated on purpose (the trainer's per-column budgets): no warning.
+        if not self.training and not self._truncation_reported and truncated is not None and truncated.any():
+            self._truncation_reported = True
+            warn_truncated(int(truncated.sum()), len(texts), features.max_length, stacklevel=2,
+                           detail=" (counted in the first batch that truncated; this call reports no more)")
+        return features
 
     def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
         inputs = {name: features[name] for name in self.model.forward_input_names if name in features}
@@ -61,11 +97,11 @@ class EmbedderModule(InputModule):
             features["token_embeddings"] = output.last_hidden_state
         return features
 
-    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+    def save(self, output_path: str, *args, **kwargs) -> None:
+        """Write the model (safetensors, always), its tokenizer and this module's config."""
         self.model.save_pretrained(output_path, safe_serialization=True)
         self.tokenizer.save_pretrained(output_path)
-        with open(os.path.join(output_path, self.config_file_name), "w", encoding="utf-8") as handle:
-            json.dump({"family": self.model.config.model_type}, handle, indent=2)
+        self.save_config(output_path)
 
     @classmethod
     def load(
@@ -86,8 +122,17 @@ class EmbedderModule(InputModule):
             "cache_dir": cache_folder,
             "revision": revision,
             "local_files_only": local_files_only,
-            "trust_remote_code": trust_remote_code,
         }
-        model = AutoModel.from_pretrained(model_name_or_path, **hub_kwargs, **(model_kwargs or {}))
-        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, **hub_kwargs)
-        return cls(model, tokenizer)
+        config = cls.load_config(
+            model_name_or_path,
+            subfolder=subfolder,
+            token=token,
+            cache_folder=cache_folder,
+            revision=revision,
+            local_files_only=local_files_only,
+        )
+        model = AutoModel.from_pretrained(
+            model_name_or_path, trust_remote_code=trust_remote_code, **hub_kwargs, **(model_kwargs or {})
+        )
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code, **hub_kwargs)
+        return cls(model, tokenizer, **config)

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from lmk_embed import AUTO_MAPS, shipped_files
+from lmk_embed.encoding import check_position_limit
+from lmk_embed.st_module import EmbedderModule
 
 # The tokenizer class each family's tokenizer_config.json names.
 TOKENIZER_CLASSES = {"lmk_embedder": "LMKTokenizer", "recurrent_embedder": "RecurrentEmbedTokenizer"}
@@ -37,24 +39,23 @@ def _update_json(path: Path, **updates) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def write_sentence_transformers_files(folder: str | Path, *, normalize: bool, prompts: dict[str, str]) -> None:
-    """modules.json (our module, then Normalize when the model normalises) and its configs."""
+def write_sentence_transformers_files(folder: str | Path, model) -> None:
+    """modules.json (our module, then Normalize when the model normalises) and their configs."""
     folder = Path(folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": ST_MODULE_TYPE}]
-    if normalize:
+    if model.config.normalize:
         modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": ST_NORMALIZE_TYPE})
         (folder / "1_Normalize").mkdir(exist_ok=True)
         (folder / "1_Normalize" / "config.json").write_text("{}\n")
     (folder / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
     st_config = {
         "model_type": "SentenceTransformer",
-        "prompts": prompts,
+        "prompts": model.sentence_transformers_prompts(),
         "default_prompt_name": None,
         "similarity_fn_name": "cosine",
     }
     (folder / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2) + "\n")
-    family = json.loads((folder / "config.json").read_text())["model_type"]
-    (folder / "embedder_module_config.json").write_text(json.dumps({"family": family}, indent=2) + "\n")
+    EmbedderModule(model).save_config(str(folder))  # the module writes (and later reads) its own config
 
 
 def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
@@ -72,7 +73,7 @@ def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
         auto_map={"AutoTokenizer": auto_map["AutoTokenizer"]},
         tokenizer_class=TOKENIZER_CLASSES[family],
     )
-    write_sentence_transformers_files(folder, normalize=model.config.normalize, prompts=model.sentence_transformers_prompts())
+    write_sentence_transformers_files(folder, model)
     return folder
 
 
@@ -140,6 +141,7 @@ def convert_to_lmk(
     )
     torch.manual_seed(seed)  # the latent-attention pooler is the only new weight
     model = LMKModel(config)
+    check_position_limit("max_length", max_length, model.max_positions())
     copy_backbone_weights(model.backbone, backbone)
     tokenizer = LMKTokenizer.from_pretrained(str(source), **config.tokenizer_options())
     _ = tokenizer.landmark_token_id  # fails here, clearly, for a tokenizer with neither SEP nor EOS
@@ -180,6 +182,7 @@ def convert_to_recurrent(
         base_model=base_model if base_model is not None else hub_id_or_none(source),
     )
     model = RecurrentEmbedModel(config)
+    check_position_limit("max_length", max_length, model.max_positions())
     copy_backbone_weights(model.backbone, backbone, ignore_prefixes=())
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(source), **config.tokenizer_options())
     _ = tokenizer.eos_id, tokenizer.prefix_ids  # fail here, clearly, without EOS (or BOS when asked for)
