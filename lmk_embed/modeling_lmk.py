@@ -80,7 +80,7 @@ class LatentAttentionPooling(Pooling):
             raise ValueError(
                 f"`latent_heads`={config.latent_heads} must divide the backbone hidden size {hidden}."
             )
-        self.latents = nn.Parameter(torch.randn(config.num_latents, hidden) * 0.02)
+        self.latents = nn.Parameter(torch.empty(config.num_latents, hidden))  # set in `_init_weights`
         self.attention = nn.MultiheadAttention(hidden, config.latent_heads, batch_first=True)
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
@@ -122,7 +122,8 @@ class LMKPreTrainedModel(PreTrainedModel):
         # are handled here because `apply` reaches the parent after them.
         if isinstance(module, LatentAttentionPooling):
             nn.init.normal_(module.latents, std=0.02)
-            module.attention._reset_parameters()  # in_proj and biases, not out_proj's weight
+            # Private, but MultiheadAttention has no public re-init of in_proj and the biases.
+            module.attention._reset_parameters()
             for layer in (module.attention.out_proj, *module.mlp):
                 if isinstance(layer, nn.Linear):
                     layer.reset_parameters()
@@ -149,8 +150,6 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         self._tokenizer = None
         self._batch_granularity = None
         self.post_init()
-
-    # ---- forward ------------------------------------------------------------------------------
 
     # ---- forward ------------------------------------------------------------------------------
 
@@ -218,8 +217,13 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         self._batch_granularity = self.tokenizer.draw_granularity() if self.config.splitter == "variable" else None
         return self._batch_granularity
 
-    def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool = False, **options):
-        """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module)."""
+    def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool | None = None, **options):
+        """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module).
+
+        `training` picks the training layout (MultiCLS without its extra CLS tokens, a drawn g);
+        None follows the model's mode, `self.training`, which the ST module's train()/eval() sets.
+        """
+        training = self.training if training is None else training
         return self._tokenize(texts, prompt=prompt, training=training, **options).tensors()
 
     # ---- encode -------------------------------------------------------------------------------

@@ -273,7 +273,7 @@ class RecurrentEmbedPreTrainedModel(PreTrainedModel):
 class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
     """A recurrent LM backbone pooled at EOS, with a constant-memory vertical `encode()`.
 
-    Inputs: input_ids, attention_mask [B, T], right-padded, EOS at position sum(attention_mask) - 1.
+    Inputs: input_ids, attention_mask [B, T], padded on either side; each row ends with its EOS.
     """
 
     supports_streaming = True

@@ -55,6 +55,12 @@ def test_multi_cls_adds_cls_tokens_at_inference_only(lmk_checkpoint):
     inference = model.prepare_features([SAMPLE_TEXT])["input_ids"][0].tolist()
     training = model.prepare_features([SAMPLE_TEXT], training=True)["input_ids"][0].tolist()
     assert inference.count(101) > 1 and training.count(101) == 1
+    model.train()  # no `training=`: the layout follows the model's mode
+    try:
+        assert model.prepare_features([SAMPLE_TEXT])["input_ids"][0].tolist() == training
+    finally:
+        model.eval()
+    assert model.prepare_features([SAMPLE_TEXT])["input_ids"][0].tolist() == inference
 
 
 def test_latent_attention_matches_direct_computation(lmk_checkpoint):
@@ -62,6 +68,8 @@ def test_latent_attention_matches_direct_computation(lmk_checkpoint):
     for name, parameter in model.pooler.named_parameters():  # freshly initialised, not left as garbage
         assert torch.isfinite(parameter).all() and parameter.abs().max() < 10, name
     assert model.pooler.latents.abs().sum() > 0
+    built = LMKModel(LMKConfig(backbone_config=model.config.backbone_config.to_dict(), pooling="latent_attention"))
+    assert 0.015 < float(built.pooler.latents.std()) < 0.025  # initialised once, in `_init_weights`
     features = model.prepare_features(TEXTS)
     with torch.no_grad():
         pooled = model(**features).embeddings
