@@ -1,0 +1,87 @@
+"""Tables of results: every model on every split at every max length, through one code path.
+
+`evaluate_table(models, splits, max_lengths)` scores each model with `evaluate_retrieval` (mteb),
+and returns flat rows `{"model", "split", "max_length", "ndcg_at_10", "recall_at_1"}`. A model is
+any object with `encode_query` / `encode_document`: our AutoModel classes (their `max_length`
+is passed per call) or a plain SentenceTransformer such as the untouched base (its
+`max_seq_length` is set per evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from .retrieval import evaluate_retrieval
+
+METRICS = ("ndcg_at_10", "recall_at_1")
+
+
+def _score(model, split, max_length: int, name: str) -> dict[str, float]:
+    kwargs = {}
+    if hasattr(model, "max_seq_length"):  # SentenceTransformer: its own truncation setting
+        model.max_seq_length = max_length
+    else:
+        kwargs["max_length"] = max_length
+    with warnings.catch_warnings():  # long pages are truncated at max_length by design; counted elsewhere
+        warnings.filterwarnings("ignore", message=".*truncated.*")
+        return evaluate_retrieval(model, split.queries, split.documents, split.relevant, name=name, **kwargs)
+
+
+def evaluate_table(models: dict[str, tuple], splits, progress: bool = True) -> list[dict]:
+    """`models` maps a row name to `(model, max_lengths)`; returns one row per model, split and length."""
+    from tqdm.auto import tqdm
+
+    jobs = [(name, model, length, split) for name, (model, lengths) in models.items() for split in splits for length in lengths]
+    rows = []
+    for name, model, length, split in tqdm(jobs, desc="Evaluating", unit="eval", disable=not progress):
+        scores = _score(model, split, length, name=f"table/{name}")
+        rows.append({"model": name, "split": split.name, "max_length": length,
+                     **{metric: scores[metric] for metric in METRICS}})
+    return rows
+
+
+def format_table(rows: list[dict], metric: str = "ndcg_at_10") -> str:
+    """A plain-text table: one line per (model, max length), one column per split."""
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    keys = list(dict.fromkeys((r["model"], r["max_length"]) for r in rows))
+    cell = {(r["model"], r["max_length"], r["split"]): r[metric] for r in rows}
+    width = max(len(m) for m, _ in keys) + 2
+    header = f"{'model':<{width}}{'max len':>8}" + "".join(f"{s[:30]:>32}" for s in splits)
+    lines = [f"{metric}", header, "-" * len(header)]
+    for model, length in keys:
+        values = "".join(f"{cell[(model, length, s)]:>32.4f}" if (model, length, s) in cell else f"{'':>32}" for s in splits)
+        lines.append(f"{model:<{width}}{length:>8}{values}")
+    return "\n".join(lines)
+
+
+def save_table(rows: list[dict], folder: str | Path, stem: str = "results") -> dict[str, Path]:
+    """`stem.json` (the rows) and `stem.png` (nDCG@10 against max length, one panel per split)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path = folder / f"{stem}.json"
+    json_path.write_text(json.dumps(rows, indent=2) + "\n")
+    splits = list(dict.fromkeys(r["split"] for r in rows))
+    figure, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 4), squeeze=False)
+    for axis, split in zip(axes[0], splits):
+        for model in dict.fromkeys(r["model"] for r in rows):
+            points = sorted((r["max_length"], r["ndcg_at_10"]) for r in rows if r["split"] == split and r["model"] == model)
+            if points:
+                axis.plot(*zip(*points), marker="o", label=model)
+        axis.set_title(split, fontsize=9)
+        axis.set_xlabel("max length (tokens)")
+        axis.set_ylabel("nDCG@10")
+        axis.set_xscale("log", base=2)
+        axis.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    figure.tight_layout()
+    png_path = folder / f"{stem}.png"
+    figure.savefig(png_path, dpi=110)
+    plt.close(figure)
+    return {"json": json_path, "png": png_path}

@@ -1,0 +1,360 @@
+"""Offline documentation corpora from what `make` installs: summary line -> rest of the page.
+
+Every item is one documented object (module, class, function or method) of an installed
+package. The query is the first line of its own docstring; the document is its whole pydoc page
+with that line removed, so the query never occurs verbatim in its positive. Pages are kept whole:
+a class page holds every method, and a page can run to tens of thousands of tokens.
+
+Items are grouped into *sources* (families of packages). Training and evaluation are split by
+source, so that an out-of-domain score comes from packages the model never saw:
+
+    stdlib       Python's standard library            train, and an in-domain held-out split (by module)
+    torch        PyTorch                              train
+    huggingface  transformers, datasets, hub, ...     train
+    arrays       numpy, pandas, pyarrow               train
+    tools        matplotlib, PIL, rich, pydantic, ... train
+    scientific   scipy, scikit-learn                  out-of-domain evaluation only
+    symbolic     sympy, networkx                      out-of-domain evaluation only
+
+Near-copies are removed: the same object re-exported under several names is kept once, as is a
+docstring shared by several objects, and a query text is kept once. The man pages installed on the
+machine are reserved: no item is ever read from them (`RESERVED_DIRS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import statistics
+import sys
+import zlib
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .stdlib_corpus import import_quietly, render_page, stdlib_module_names, synopsis_of
+
+# Modules walked per source: public API modules, not test suites or per-model files.
+SOURCE_MODULES: dict[str, tuple[str, ...]] = {
+    "stdlib": (),  # filled from sys.stdlib_module_names
+    "torch": (
+        "torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.nn.utils", "torch.nn.utils.rnn",
+        "torch.nn.parallel", "torch.optim", "torch.optim.lr_scheduler", "torch.utils.data", "torch.utils.checkpoint",
+        "torch.autograd", "torch.autograd.functional", "torch.linalg", "torch.fft", "torch.special", "torch.sparse",
+        "torch.distributions", "torch.random", "torch.amp", "torch.cuda", "torch.jit", "torch.fx", "torch.export",
+        "torch.profiler", "torch.testing", "torch.func", "torch.quantization", "torch.nn.attention", "torch.hub",
+        "torch.serialization", "torch.overrides", "torch.masked", "torch.nested", "torch.library",
+    ),
+    "huggingface": (
+        "transformers.trainer", "transformers.training_args", "transformers.trainer_callback", "transformers.trainer_utils",
+        "transformers.tokenization_utils_base", "transformers.modeling_utils", "transformers.configuration_utils",
+        "transformers.generation.utils", "transformers.generation.configuration_utils", "transformers.generation.logits_process",
+        "transformers.generation.stopping_criteria", "transformers.pipelines", "transformers.data.data_collator",
+        "transformers.optimization", "transformers.cache_utils", "transformers.modeling_outputs", "transformers.utils.hub",
+        "transformers.feature_extraction_utils", "transformers.processing_utils", "transformers.integrations",
+        "datasets", "datasets.arrow_dataset", "datasets.dataset_dict", "datasets.features", "datasets.load",
+        "datasets.iterable_dataset", "datasets.builder", "huggingface_hub", "huggingface_hub.hf_api",
+        "huggingface_hub.file_download", "huggingface_hub.repocard", "huggingface_hub.utils", "peft", "peft.tuners.lora",
+        "peft.peft_model", "peft.utils", "accelerate", "accelerate.accelerator", "accelerate.utils", "safetensors.torch",
+        "sentence_transformers", "sentence_transformers.util", "sentence_transformers.sentence_transformer.losses",
+        "sentence_transformers.sentence_transformer.evaluation", "tokenizers", "tokenizers.normalizers",
+        "tokenizers.pre_tokenizers", "tokenizers.models", "tokenizers.trainers", "tokenizers.processors",
+    ),
+    "arrays": (
+        "numpy", "numpy.linalg", "numpy.fft", "numpy.random", "numpy.ma", "numpy.polynomial", "numpy.polynomial.polynomial",
+        "numpy.lib.stride_tricks", "numpy.testing", "numpy.strings", "numpy.char", "numpy.rec",
+        "pandas", "pandas.api.types", "pandas.api.extensions", "pandas.plotting", "pandas.tseries.offsets",
+        "pandas.core.groupby", "pandas.core.window", "pandas.core.resample", "pandas.io.formats.style",
+        "pyarrow", "pyarrow.compute", "pyarrow.parquet", "pyarrow.csv", "pyarrow.dataset", "pyarrow.fs",
+    ),
+    "tools": (
+        "matplotlib", "matplotlib.pyplot", "matplotlib.axes", "matplotlib.figure", "matplotlib.colors", "matplotlib.ticker",
+        "matplotlib.patches", "matplotlib.lines", "matplotlib.text", "matplotlib.dates", "matplotlib.animation",
+        "PIL.Image", "PIL.ImageDraw", "PIL.ImageFilter", "PIL.ImageOps", "PIL.ImageFont", "pygments", "pygments.lexers",
+        "pygments.formatters", "rich", "rich.console", "rich.table", "rich.progress", "rich.text", "rich.panel",
+        "click", "typer", "jinja2", "jinja2.environment", "jinja2.filters", "pydantic", "pydantic.fields", "pydantic.main",
+        "requests", "requests.sessions", "requests.models", "requests.adapters", "httpx", "yaml", "dateutil.parser",
+        "dateutil.relativedelta", "dateutil.rrule", "dateutil.tz", "fsspec", "fsspec.spec", "fsspec.implementations.local",
+        "polars", "polars.dataframe.frame", "polars.series.series", "polars.expr.expr", "polars.lazyframe.frame",
+        "tqdm", "tqdm.auto", "psutil", "filelock", "packaging.version", "packaging.specifiers", "regex", "pyparsing",
+        "urllib3", "urllib3.util", "markdown_it", "mpmath", "joblib", "xxhash", "dill", "cloudpickle",
+    ),
+    "scientific": (
+        "scipy.stats", "scipy.optimize", "scipy.linalg", "scipy.signal", "scipy.sparse", "scipy.sparse.linalg",
+        "scipy.sparse.csgraph", "scipy.interpolate", "scipy.integrate", "scipy.spatial", "scipy.spatial.distance",
+        "scipy.special", "scipy.ndimage", "scipy.cluster.hierarchy", "scipy.cluster.vq", "scipy.io", "scipy.fft",
+        "scipy.constants", "scipy.odr", "scipy.differentiate", "sklearn.linear_model", "sklearn.ensemble", "sklearn.svm",
+        "sklearn.tree", "sklearn.neighbors", "sklearn.cluster", "sklearn.decomposition", "sklearn.preprocessing",
+        "sklearn.metrics", "sklearn.model_selection", "sklearn.pipeline", "sklearn.feature_extraction.text",
+        "sklearn.feature_selection", "sklearn.naive_bayes", "sklearn.neural_network", "sklearn.manifold",
+        "sklearn.mixture", "sklearn.impute", "sklearn.compose", "sklearn.covariance", "sklearn.gaussian_process",
+        "sklearn.kernel_approximation", "sklearn.calibration", "sklearn.inspection", "sklearn.utils",
+        "sklearn.datasets", "sklearn.discriminant_analysis", "sklearn.cross_decomposition", "sklearn.isotonic",
+        "sklearn.random_projection", "sklearn.semi_supervised", "sklearn.multiclass", "sklearn.multioutput",
+    ),
+    "symbolic": (
+        "sympy", "sympy.simplify", "sympy.solvers", "sympy.integrals", "sympy.series", "sympy.matrices",
+        "sympy.polys", "sympy.functions", "sympy.logic", "sympy.sets", "sympy.ntheory", "sympy.combinatorics",
+        "sympy.geometry", "sympy.physics.units", "sympy.stats", "sympy.printing", "sympy.parsing.sympy_parser",
+        "sympy.tensor", "sympy.calculus", "sympy.discrete", "sympy.codegen", "sympy.utilities",
+        "networkx", "networkx.algorithms", "networkx.algorithms.community", "networkx.algorithms.flow",
+        "networkx.algorithms.shortest_paths", "networkx.algorithms.centrality", "networkx.generators",
+        "networkx.drawing", "networkx.readwrite", "networkx.linalg", "networkx.utils", "networkx.algorithms.approximation",
+        "networkx.algorithms.isomorphism", "networkx.algorithms.bipartite", "networkx.algorithms.tree",
+        "networkx.algorithms.traversal", "networkx.algorithms.components", "networkx.algorithms.connectivity",
+        "networkx.algorithms.coloring", "networkx.algorithms.link_analysis", "networkx.classes",
+    ),
+}
+TRAIN_SOURCES = ("stdlib", "torch", "huggingface", "arrays", "tools")
+# Public submodules of the standard library, walked besides every top-level module.
+STDLIB_SUBMODULES = (
+    "os.path", "xml.etree.ElementTree", "xml.dom.minidom", "xml.sax", "email.message", "email.utils", "email.parser",
+    "email.mime.text", "http.client", "http.server", "http.cookies", "urllib.request", "urllib.parse", "urllib.error",
+    "json.decoder", "json.encoder", "concurrent.futures", "multiprocessing.pool", "multiprocessing.managers",
+    "asyncio.tasks", "asyncio.streams", "asyncio.queues", "asyncio.locks", "asyncio.events", "asyncio.subprocess",
+    "importlib.util", "importlib.metadata", "importlib.resources", "unittest.mock", "logging.handlers", "logging.config",
+    "collections.abc", "encodings.idna", "html.parser", "sqlite3.dbapi2", "ctypes.util", "wsgiref.simple_server",
+    "dbm.dumb", "curses.textpad", "xmlrpc.client", "xmlrpc.server", "unittest.case",
+)
+OUT_OF_DOMAIN_SOURCES = ("scientific", "symbolic")
+SOURCES = TRAIN_SOURCES + OUT_OF_DOMAIN_SOURCES
+# The man pages are reserved for evaluation by others: never read, for training or evaluation.
+RESERVED_DIRS = tuple(
+    str(Path(d).resolve()) for d in (os.environ.get("MANPATH", "").split(os.pathsep) + ["/usr/share/man", "/usr/local/share/man"]) if d
+)
+# Import names whose distribution is named otherwise.
+DISTRIBUTIONS = {"sklearn": "scikit-learn", "PIL": "pillow", "yaml": "PyYAML", "dateutil": "python-dateutil",
+                 "markdown_it": "markdown-it-py"}
+MIN_SYNOPSIS_WORDS = 3
+MIN_BODY_CHARS = 80  # a page that is little more than its signature teaches nothing
+CORPUS_VERSION = 5
+
+
+@dataclass(frozen=True)
+class DocItem:
+    """One documented object. `text` is its whole page, without the synopsis line."""
+
+    source: str
+    module: str
+    name: str
+    kind: str  # module | class | function | method
+    synopsis: str
+    text: str
+
+
+def is_reserved(obj) -> bool:
+    """True when `obj` was defined in a file under a reserved folder (the man pages)."""
+    try:
+        path = inspect.getsourcefile(obj) or inspect.getfile(obj)
+    except (TypeError, OSError):
+        return False
+    resolved = str(Path(path).resolve())
+    return any(resolved == d or resolved.startswith(d + os.sep) for d in RESERVED_DIRS)
+
+
+def _normalized(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def _page_item(source: str, module: str, name: str, kind: str, obj) -> DocItem | None:
+    synopsis = synopsis_of(obj)
+    if len(synopsis.split()) < MIN_SYNOPSIS_WORDS or is_reserved(obj):
+        return None
+    try:
+        page = render_page(obj)
+    except Exception:  # pydoc cannot render some C extension objects; they are not documentation we need
+        return None
+    text = page.replace(synopsis, " ", 1).strip()
+    if len(text) < MIN_BODY_CHARS:
+        return None
+    return DocItem(source, module, name, kind, synopsis, text)
+
+
+def _defined_here(obj, module_name: str, source: str) -> bool:
+    """False for objects re-exported from another package (typing.Text is str): their page belongs there."""
+    defined_in = getattr(obj, "__module__", None)
+    if type(obj).__name__ == "ufunc":  # numpy's ufuncs carry no module of their own
+        return module_name.startswith("numpy")
+    if not isinstance(defined_in, str):
+        return False
+    root = defined_in.split(".")[0]
+    if source == "stdlib":  # os.listdir lives in posix, io.BytesIO in _io
+        return root in sys.stdlib_module_names
+    return root == module_name.split(".")[0]
+
+
+def _members(module, module_name: str, source: str, max_methods_per_class: int):
+    """(qualified name, kind, object) for a module's public classes/functions and their own methods."""
+    for attribute in sorted(dir(module)):
+        if attribute.startswith("_"):
+            continue
+        try:
+            obj = getattr(module, attribute)
+        except Exception:  # lazy modules can fail on access; skip what cannot be loaded
+            continue
+        if not _defined_here(obj, module_name, source):
+            continue
+        if inspect.isclass(obj):
+            yield f"{module_name}.{attribute}", "class", obj
+            methods = [(n, m) for n, m in sorted(vars(obj).items())
+                       if not n.startswith("_") and (inspect.isfunction(m) or inspect.ismethoddescriptor(m))]
+            for method_name, method in methods[:max_methods_per_class]:
+                yield f"{module_name}.{attribute}.{method_name}", "method", getattr(obj, method_name, method)
+        elif inspect.isfunction(obj) or inspect.isbuiltin(obj) or type(obj).__name__ == "ufunc":
+            yield f"{module_name}.{attribute}", "function", obj
+
+
+def source_items(source: str, max_methods_per_class: int = 120) -> list[DocItem]:
+    """Every documented object of one source, deduplicated (see the module docstring)."""
+    if source not in SOURCE_MODULES:
+        raise ValueError(f"Unknown `source` {source!r}; expected one of {list(SOURCE_MODULES)}.")
+    module_names = stdlib_module_names() + list(STDLIB_SUBMODULES) if source == "stdlib" else SOURCE_MODULES[source]
+    modules = {name: import_quietly(name) for name in module_names}  # import all before rendering (stable pages)
+    items, seen_objects, seen_bodies, seen_queries = [], set(), set(), set()
+    for module_name, module in modules.items():
+        if module is None:
+            continue
+        candidates = [(module_name, "module", module)] + list(_members(module, module_name, source, max_methods_per_class))
+        for name, kind, obj in candidates:
+            if id(obj) in seen_objects:
+                continue
+            seen_objects.add(id(obj))
+            item = _page_item(source, module_name, name, kind, obj)
+            if item is None or item.synopsis in seen_queries:
+                continue
+            body = hashlib.sha1(_normalized(inspect.getdoc(obj) or item.text).encode()).hexdigest()
+            if body in seen_bodies:
+                continue
+            seen_bodies.add(body)
+            seen_queries.add(item.synopsis)
+            items.append(item)
+    return items
+
+
+def build_corpus(cache_dir: str | Path | None = None, sources=SOURCES) -> dict[str, list[DocItem]]:
+    """{source: items}, cached as jsonl under `cache_dir` keyed by the installed package versions."""
+    cache = Path(cache_dir) if cache_dir is not None else None
+    corpus = {}
+    seen_queries, seen_texts = set(), set()
+    for source in sources:
+        corpus[source] = _cached_source_items(source, cache)
+        # Across sources too: a page shared by two sources stays with the first (training sources come first,
+        # so an out-of-domain split never holds a page the model was trained on).
+        kept = []
+        for item in corpus[source]:
+            key = hashlib.sha1(_normalized(item.text).encode()).hexdigest()
+            if item.synopsis in seen_queries or key in seen_texts:
+                continue
+            seen_queries.add(item.synopsis)
+            seen_texts.add(key)
+            kept.append(item)
+        corpus[source] = kept
+    return corpus
+
+
+def _cached_source_items(source: str, cache: Path | None) -> list[DocItem]:
+    """`source_items(source)`, read from / written to `cache` when given."""
+    path = cache / f"{source}-{_environment_key(source)}.jsonl" if cache is not None else None
+    if path is not None and path.is_file():
+        return [DocItem(**json.loads(line)) for line in path.read_text().splitlines()]
+    items = source_items(source)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(asdict(item)) + "\n" for item in items))
+        tmp.replace(path)
+    return items
+
+
+def _environment_key(source: str) -> str:
+    """Python and package versions a source's pages depend on, as a short hash."""
+    from importlib import metadata
+
+    roots = sorted({name.split(".")[0] for name in SOURCE_MODULES[source]})  # stdlib: none, the Python version says it
+    versions = [sys.version]
+    for root in roots:
+        try:
+            versions.append(f"{root}=={metadata.version(DISTRIBUTIONS.get(root, root))}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{root}==?")
+    return hashlib.sha1(json.dumps([CORPUS_VERSION, versions]).encode()).hexdigest()[:12]
+
+
+def is_held_out_module(module: str, fraction: float = 0.2) -> bool:
+    """Deterministic in-domain hold-out of stdlib modules (by top-level module name)."""
+    return (zlib.crc32(module.split(".")[0].encode()) % 1000) / 1000 < fraction
+
+
+def length_summary(items: list[DocItem], tokenizer=None) -> dict[str, float]:
+    """Document length distribution (words, or tokens when a tokenizer is given): median, p90, max."""
+    if not items:
+        return {"count": 0}
+    if tokenizer is not None:
+        lengths = [len(ids) for ids in tokenizer([i.text for i in items], add_special_tokens=False)["input_ids"]]
+    else:
+        lengths = [len(i.text.split()) for i in items]
+    lengths.sort()
+    return {"count": len(lengths), "median": statistics.median(lengths),
+            "p90": lengths[int(0.9 * (len(lengths) - 1))], "max": lengths[-1]}
+
+
+def corpus_report(corpus: dict[str, list[DocItem]]) -> dict[str, dict]:
+    """Per source: items, kinds and word-length distribution."""
+    return {source: {**length_summary(items), "kinds": dict(Counter(i.kind for i in items))} for source, items in corpus.items()}
+
+
+# ---- training pairs and evaluation splits ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetrievalSplit:
+    """An evaluation split: mteb-style dicts plus where it came from."""
+
+    name: str
+    queries: dict[str, str]
+    documents: dict[str, str]
+    relevant: dict[str, dict[str, int]]
+
+    def as_tuple(self):
+        return self.queries, self.documents, self.relevant
+
+
+IN_DOMAIN_SPLIT = "stdlib held-out modules (in-domain)"
+EVAL_KINDS = ("class", "function")  # leaf pages: a module page repeats its members' synopses, a class page its methods'
+
+
+def training_items(corpus: dict[str, list[DocItem]], held_out_fraction: float = 0.2) -> list[DocItem]:
+    """Items of the training sources, less the stdlib modules held out for the in-domain split."""
+    return [item for source in TRAIN_SOURCES for item in corpus.get(source, [])
+            if not (source == "stdlib" and is_held_out_module(item.module, held_out_fraction))]
+
+
+def _split_from_items(name: str, items: list[DocItem], max_queries: int, seed: int) -> RetrievalSplit:
+    import random
+
+    leaves = [i for i in items if i.kind in EVAL_KINDS]
+    random.Random(seed).shuffle(leaves)
+    chosen = leaves[:max_queries]
+    documents = {i.name: i.text for i in chosen}
+    queries, relevant = {}, {}
+    for item in chosen:
+        # A query whose text occurs verbatim in some other document has two right answers; leave it out.
+        if any(item.synopsis in text for doc_id, text in documents.items() if doc_id != item.name):
+            continue
+        queries[item.name] = item.synopsis
+        relevant[item.name] = {item.name: 1}
+    return RetrievalSplit(name, queries, documents, relevant)
+
+
+def evaluation_splits(corpus: dict[str, list[DocItem]], max_queries: int = 320, seed: int = 0,
+                      held_out_fraction: float = 0.2) -> list[RetrievalSplit]:
+    """The in-domain held-out stdlib split, then one out-of-domain split per evaluation-only source."""
+    held_out = [i for i in corpus.get("stdlib", []) if is_held_out_module(i.module, held_out_fraction)]
+    splits = [_split_from_items(IN_DOMAIN_SPLIT, held_out, max_queries, seed)]
+    for source in OUT_OF_DOMAIN_SOURCES:
+        if source in corpus:
+            splits.append(_split_from_items(f"{source} (out-of-domain)", corpus[source], max_queries, seed))
+    return splits

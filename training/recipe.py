@@ -1,0 +1,78 @@
+"""The fine-tuning recipe's data: documentation pairs with mined negatives and teacher scores.
+
+`docs_training_rows` turns the training sources of `corpora` into rows of the training-file
+schema (`query`, `positive`, `negatives`, `teacher_scores`), which `finetune.train` reads like any
+user's file. `add_teacher_scores` scores each row's (positive, negatives) with a teacher, by
+default the untouched base model with its own pooling: distilling its scores keeps what the base
+knows while the student learns the new pooling.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from .corpora import DocItem, training_items
+from .mining import mine_negatives
+
+
+def docs_training_rows(corpus: dict[str, list[DocItem]], num_negatives: int = 1, max_rows: int | None = None,
+                       seed: int = 0) -> list[dict]:
+    """Rows from the training sources (stdlib held-out modules excluded), shuffled with `seed`.
+
+    With `max_rows`, the rows are a seeded sample drawn evenly across sources, so a short run still
+    sees every source. Each row records its `source`.
+    """
+    items = training_items(corpus)
+    negatives = mine_negatives(items, num_negatives, seed=seed)
+    rows = [{"query": item.synopsis, "positive": item.text, "negatives": [items[j].text for j in negatives[i]],
+             "teacher_scores": None, "task": None, "source": item.source, "name": item.name}
+            for i, item in enumerate(items)]
+    rng = random.Random(seed)
+    rng.shuffle(rows)
+    if max_rows is not None and max_rows < len(rows):
+        by_source: dict[str, list[dict]] = {}
+        for row in rows:
+            by_source.setdefault(row["source"], []).append(row)
+        picked, queues = [], [iter(v) for v in by_source.values()]
+        while len(picked) < max_rows and queues:
+            for queue in list(queues):
+                row = next(queue, None)
+                if row is None:
+                    queues.remove(queue)
+                elif len(picked) < max_rows:
+                    picked.append(row)
+        rng.shuffle(picked)
+        rows = picked
+    return rows
+
+
+def add_teacher_scores(rows: list[dict], teacher, query_max_length: int, passage_max_length: int,
+                       batch_size: int = 32) -> list[dict]:
+    """Set each row's `teacher_scores` to the teacher's cosine similarities [positive, negatives...].
+
+    `teacher` is a SentenceTransformer (e.g. the untouched base); its `max_seq_length` is set per side.
+    """
+    import numpy as np
+
+    teacher.max_seq_length = query_max_length
+    queries = teacher.encode([r["query"] for r in rows], batch_size=batch_size, normalize_embeddings=True)
+    passages = [p for r in rows for p in [r["positive"], *r["negatives"]]]
+    teacher.max_seq_length = passage_max_length
+    encoded = teacher.encode(passages, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=True)
+    per_row = 1 + len(rows[0]["negatives"]) if rows else 0
+    for index, row in enumerate(rows):
+        candidates = encoded[index * per_row:(index + 1) * per_row]
+        row["teacher_scores"] = [float(s) for s in np.asarray(candidates) @ np.asarray(queries[index])]
+    return rows
+
+
+def write_rows(rows: list[dict], path: str | Path) -> Path:
+    """Rows as jsonl in the training-file schema (extra keys such as `source` are kept for the record)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps({k: v for k, v in row.items() if v is not None}) + "\n")
+    return path
