@@ -20,15 +20,17 @@ PLOT_FILE = "ndcg_vs_max_length.png"
 MODEL_ID_PLACEHOLDER = "your-org/your-model"
 
 CITATIONS = {
+    # Author lists as arXiv gives them (2601.21525, 2604.18199).
     "lmk_embedder": """@article{doshi2026lmk,
   title   = {LMK > CLS: Landmark Pooling for Dense Embeddings},
-  author  = {Doshi and others},
+  author  = {Doshi, Meet and Trivedi, Aashka and Kumar, Vishwajeet and Awasthy, Parul and Li, Yulong and
+             Sen, Jaydeep and Florian, Radu and Joshi, Sachindra},
   journal = {arXiv preprint arXiv:2601.21525},
   year    = {2026}
 }""",
     "recurrent_embedder": """@article{grantner2026recurrent,
   title   = {Linear-Time and Constant-Memory Text Embeddings Based on Recurrent Language Models},
-  author  = {Grantner and Sallinger and Flechl},
+  author  = {Grantner, Tobias and Sallinger, Emanuel and Flechl, Martin},
   journal = {arXiv preprint arXiv:2604.18199},
   year    = {2026}
 }""",

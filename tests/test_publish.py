@@ -172,6 +172,14 @@ def test_second_push_leaves_no_stale_files(lmk_copy, tmp_path):
     assert api.remote == local
 
 
+def test_stage_dir_overlapping_the_checkpoint_is_refused(lmk_copy):
+    """Staging empties its folder first: pointing it at the checkpoint (or a folder holding it) must not delete it."""
+    for stage_dir in (lmk_copy, lmk_copy.parent, lmk_copy / "staged"):
+        with pytest.raises(push.PushError, match="overlaps the checkpoint"):
+            push.stage(lmk_copy, stage_dir)
+    assert (lmk_copy / "model.safetensors").is_file()
+
+
 def test_token_never_comes_from_a_flag():
     options = {action.dest for action in push.build_parser()._actions}
     assert not {"token", "hf_token"} & options
@@ -194,12 +202,15 @@ def test_card_metadata_round_trip(lmk_copy):
     assert "![nDCG@10 against max length](ndcg_vs_max_length.png)" in card.text
     assert (lmk_copy / "ndcg_vs_max_length.png").read_bytes()[:4] == b"\x89PNG"
     assert "arXiv:2601.21525" in card.text and "passkey" in card.text
+    assert "Doshi, Meet and Trivedi, Aashka" in card.text and "Joshi, Sachindra" in card.text
+    assert "others" not in card.text.split("## Citation")[1]
 
 
 def test_recurrent_card(recurrent_copy):
     card = check_card(recurrent_copy / "README.md")
     assert "mamba2" in card.data.tags and card.data.eval_results is None
     assert "arXiv:2604.18199" in card.text and "No evaluation results are recorded" in card.text
+    assert "Grantner, Tobias and Sallinger, Emanuel and Flechl, Martin" in card.text
 
 
 def test_card_refreshes_when_results_change(lmk_copy):
