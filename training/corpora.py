@@ -130,7 +130,7 @@ DISTRIBUTIONS = {"sklearn": "scikit-learn", "PIL": "pillow", "yaml": "PyYAML", "
                  "markdown_it": "markdown-it-py"}
 MIN_SYNOPSIS_WORDS = 3
 MIN_BODY_CHARS = 80  # a page that is little more than its signature teaches nothing
-CORPUS_VERSION = 5
+CORPUS_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -180,10 +180,10 @@ def _defined_here(obj, module_name: str, source: str) -> bool:
         return module_name.startswith("numpy")
     if not isinstance(defined_in, str):
         return False
-    root = defined_in.split(".")[0]
-    if source == "stdlib":  # os.listdir lives in posix, io.BytesIO in _io
-        return root in sys.stdlib_module_names
-    return root == module_name.split(".")[0]
+    root, own = defined_in.split(".")[0], module_name.split(".")[0]
+    if source == "stdlib":  # io.BytesIO lives in _io, os.listdir in posix
+        return root.lstrip("_") == own.lstrip("_") or (own == "os" and root in ("posix", "nt"))
+    return root == own
 
 
 def _members(module, module_name: str, source: str, max_methods_per_class: int):
@@ -207,11 +207,13 @@ def _members(module, module_name: str, source: str, max_methods_per_class: int):
             yield f"{module_name}.{attribute}", "function", obj
 
 
-def source_items(source: str, max_methods_per_class: int = 120) -> list[DocItem]:
-    """Every documented object of one source, deduplicated (see the module docstring)."""
+def source_items(source: str, max_methods_per_class: int = 120, modules: list[str] | None = None) -> list[DocItem]:
+    """Every documented object of one source (or of the given `modules` only), deduplicated."""
     if source not in SOURCE_MODULES:
         raise ValueError(f"Unknown `source` {source!r}; expected one of {list(SOURCE_MODULES)}.")
-    module_names = stdlib_module_names() + list(STDLIB_SUBMODULES) if source == "stdlib" else SOURCE_MODULES[source]
+    module_names = modules
+    if module_names is None:
+        module_names = stdlib_module_names() + list(STDLIB_SUBMODULES) if source == "stdlib" else SOURCE_MODULES[source]
     modules = {name: import_quietly(name) for name in module_names}  # import all before rendering (stable pages)
     items, seen_objects, seen_bodies, seen_queries = [], set(), set(), set()
     for module_name, module in modules.items():

@@ -1,0 +1,154 @@
+"""The documentation corpora, negative mining and the evaluation table (issue: fine-tuning that beats its base)."""
+
+import json
+
+import pytest
+
+from training import corpora
+from training.corpora import DocItem, build_corpus, evaluation_splits, source_items, training_items
+from training.mining import mine_negatives
+
+
+def item(source, module, name, synopsis, text, kind="function"):
+    return DocItem(source, module, name, kind, synopsis, text)
+
+
+def test_source_items_dedup_and_no_synopsis_in_positive():
+    items = source_items("stdlib", modules=["json", "json.decoder", "json.encoder"])
+    names = [i.name for i in items]
+    # json re-exports JSONDecoder from json.decoder: one object, one item.
+    assert sum(n.endswith(".JSONDecoder") for n in names) == 1
+    assert len(set(i.synopsis for i in items)) == len(items)
+    assert all(i.synopsis not in i.text for i in items)
+    assert {"module", "class", "function"} <= {i.kind for i in items}
+    assert all(i.source == "stdlib" for i in items)
+
+
+def test_reexports_from_other_packages_are_not_ours():
+    # typing.Text is str: re-exported into many modules, its methods are not that module's documentation.
+    items = source_items("stdlib", modules=["typing"])
+    assert not any(i.name.startswith("typing.Text.") for i in items)
+
+
+def test_reserved_man_pages_are_never_read(monkeypatch, tmp_path):
+    import json as json_module
+    from pathlib import Path
+
+    assert source_items("stdlib", modules=["json"])
+    monkeypatch.setattr(corpora, "RESERVED_DIRS", (str(Path(json_module.__file__).resolve().parent),))
+    assert source_items("stdlib", modules=["json"]) == []
+
+
+def test_reserved_dirs_cover_the_man_pages():
+    assert any(d.endswith("share/man") for d in corpora.RESERVED_DIRS)
+
+
+def test_unknown_source_is_named():
+    with pytest.raises(ValueError, match="`source` 'nope'"):
+        source_items("nope")
+
+
+def toy_corpus():
+    corpus = {source: [] for source in corpora.SOURCES}
+    for source in corpora.SOURCES:
+        for module in ("site", "uu", "json", "csv", "zlib"):  # site and uu are held out
+            for k in range(3):
+                corpus[source].append(item(source, f"{module}", f"{source}.{module}.f{k}", f"{source} {module} does thing {k}",
+                                           f"page of {source} {module} {k} " * 20))
+    return corpus
+
+
+def test_splits_by_source_and_held_out_modules():
+    corpus = toy_corpus()
+    train = training_items(corpus)
+    assert {i.source for i in train} == set(corpora.TRAIN_SOURCES)
+    assert not any(i.source == "stdlib" and corpora.is_held_out_module(i.module) for i in train)
+    splits = evaluation_splits(corpus, max_queries=50)
+    assert [s.name for s in splits][1:] == [f"{s} (out-of-domain)" for s in corpora.OUT_OF_DOMAIN_SOURCES]
+    train_texts = {i.text for i in train}
+    for split in splits:
+        assert split.queries and not set(split.documents.values()) & train_texts
+        assert all(split.relevant[q] == {q: 1} for q in split.queries)
+    in_domain = splits[0]
+    assert all(corpora.is_held_out_module(name.split(".")[1]) for name in in_domain.documents)
+
+
+def test_eval_split_leaves_out_queries_with_two_right_answers():
+    items = [item("scientific", "m", "m.a", "compute the widget norm", "the widget page " * 10),
+             item("scientific", "m", "m.b", "unrelated summary here", "contains: compute the widget norm " * 5),
+             item("scientific", "m", "m.c", "a third summary line", "third page " * 10)]
+    split = corpora._split_from_items("s", items, max_queries=10, seed=0)
+    assert "m.a" not in split.queries and {"m.b", "m.c"} <= set(split.queries)
+    assert len(split.documents) == 3
+
+
+def test_build_corpus_caches_and_dedups_across_sources(tmp_path, monkeypatch):
+    fake = {"torch": [item("torch", "x", "x.f", "shared summary line", "same page text " * 10)],
+            "scientific": [item("scientific", "y", "y.f", "shared summary line", "same page text " * 10),
+                           item("scientific", "y", "y.g", "its own summary", "its own page " * 10)]}
+    calls = []
+
+    def fake_items(source, **kwargs):
+        calls.append(source)
+        return fake[source]
+
+    monkeypatch.setattr(corpora, "source_items", fake_items)
+    first = build_corpus(tmp_path, sources=("torch", "scientific"))
+    assert [i.name for i in first["torch"]] == ["x.f"]
+    assert [i.name for i in first["scientific"]] == ["y.g"]  # the copy stays with the training source
+    again = build_corpus(tmp_path, sources=("torch", "scientific"))
+    assert calls == ["torch", "scientific"] and again == first  # read back from the cache
+    cached = list(tmp_path.glob("torch-*.jsonl"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text().splitlines()[0])["name"] == "x.f"
+
+
+def test_mining_never_returns_the_positive_or_a_near_copy_or_a_container():
+    items = [
+        item("torch", "m", "m.norm", "compute the vector norm", "norm of a vector computed over an axis " * 5),
+        item("torch", "m", "m.norm_copy", "other synopsis one", "Norm of a vector   computed over an axis " * 5),  # near-copy
+        item("torch", "m", "m", "module summary text", "index: compute the vector norm; vector axis norm", kind="module"),
+        item("torch", "m", "m.dot", "dot product of vectors", "vector dot product over an axis " * 5),
+        item("torch", "m", "m.sum", "sum of vector entries", "sum of the vector over an axis " * 5),
+        item("arrays", "n", "n.norm", "norm in another source", "norm of a vector computed over an axis " * 5),
+    ]
+    negatives = mine_negatives(items, num_negatives=2, seed=0)
+    assert all(len(n) == 2 for n in negatives[:5])
+    assert not {0, 1, 2} & set(negatives[0])  # itself, its near-copy, the page that lists it
+    for index, chosen in enumerate(negatives):
+        assert index not in chosen and len(set(chosen)) == len(chosen)
+        assert all(items[j].source == items[index].source for j in chosen)
+    assert negatives[5] == []  # nothing admissible in its own source: no negative rather than a wrong one
+
+
+def test_evaluation_table_on_a_tiny_model(lmk_model, tmp_path):
+    from evaluation.table import evaluate_table, format_table, save_table
+
+    split = corpora.RetrievalSplit(
+        "toy", {"q1": "json parsing", "q2": "zip archives"},
+        {"d1": "json parsing of documents " * 5, "d2": "zip archives and files " * 5, "d3": "unrelated " * 5},
+        {"q1": {"d1": 1}, "q2": {"d2": 1}})
+    rows = evaluate_table({"tiny": (lmk_model, [16, 64])}, [split], progress=False)
+    assert [(r["model"], r["split"], r["max_length"]) for r in rows] == [("tiny", "toy", 16), ("tiny", "toy", 64)]
+    assert all(0 <= r["ndcg_at_10"] <= 1 and 0 <= r["recall_at_1"] <= 1 for r in rows)
+    table = format_table(rows)
+    assert "tiny" in table and "toy" in table
+    files = save_table(rows, tmp_path)
+    assert json.loads(files["json"].read_text()) == rows and files["png"].stat().st_size > 1000
+
+
+def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
+    from sentence_transformers import SentenceTransformer
+
+    from evaluation.table import evaluate_table
+
+    model = SentenceTransformer(str(minilm_path), device="cpu")
+    documents = {"json": "JSON encoder and decoder: parse and serialise JSON documents.",
+                 "zip": "Read and write ZIP-format archive files.",
+                 "csv": "CSV file reading and writing of comma-separated values.",
+                 "time": "Time access and conversions: clocks, sleeping, formatting dates."}
+    queries = {"q-json": "parse a json string", "q-zip": "open a zip archive", "q-csv": "read comma separated values"}
+    right = corpora.RetrievalSplit("right", queries, documents, {"q-json": {"json": 1}, "q-zip": {"zip": 1}, "q-csv": {"csv": 1}})
+    wrong = corpora.RetrievalSplit("wrong", queries, documents, {"q-json": {"time": 1}, "q-zip": {"csv": 1}, "q-csv": {"json": 1}})
+    rows = evaluate_table({"minilm": (model, [128])}, [right, wrong], progress=False)
+    assert rows[0]["ndcg_at_10"] == pytest.approx(1.0) and rows[0]["recall_at_1"] == pytest.approx(1.0)
+    assert rows[1]["ndcg_at_10"] < 0.7 and rows[1]["recall_at_1"] == 0
