@@ -58,11 +58,16 @@ def load_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def record_results(checkpoint: str | Path, results: list[dict] | None = None, extrapolation: dict | None = None) -> Path:
+def record_results(checkpoint: str | Path, results: list[dict] | None = None, extrapolation: dict | None = None,
+                   baselines: list[dict] | None = None) -> Path:
     """Store evaluation results beside a checkpoint, for its card.
 
     results: [{"dataset", "dataset_type", "split", "metric", "value", "max_length"}, ...]
     extrapolation: {"dataset", "metric", "points": {max_length: value}}
+
+    Other models' scores on the same data (the untouched base above all) go under the key
+    "baselines": [{"model", "dataset", "metric", "value", "max_length"}, ...]; the card shows them
+    beside this checkpoint's own, so a reader sees whether fine-tuning helped.
     """
     path = Path(checkpoint) / RESULTS_FILE
     data = load_json(path)
@@ -70,6 +75,8 @@ def record_results(checkpoint: str | Path, results: list[dict] | None = None, ex
         data["results"] = results
     if extrapolation is not None:
         data["extrapolation"] = extrapolation
+    if baselines is not None:
+        data["baselines"] = baselines
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 
@@ -256,6 +263,7 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         training=_training_rows(run),
         backbone_source=config.get("base_model") or f"a {backbone_type} checkpoint",
         evaluations=results.get("results", []),
+        baselines=results.get("baselines", []),
         plot=plot,
         plot_caption=f"{extrapolation.get('dataset', '')}" if plot else "",
         limitations=LIMITATIONS[family] + [NOT_EVALUATED],

@@ -248,3 +248,12 @@ def test_card_snippets_run(which, request, tmp_path):
         report = run_fresh_python(code + '\nimport json\nprint(json.dumps({"ok": True}))\n', cwd=tmp_path,
                                   env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")})
         assert report == {"ok": True}
+
+
+def test_card_shows_the_base_row_beside_its_own(lmk_copy):
+    baselines = [{"model": "base MiniLM (mean)", "dataset": "scientific (out-of-domain)", "metric": "ndcg_at_10",
+                  "value": 0.8901, "max_length": 256}]
+    record_results(lmk_copy, baselines=baselines)
+    text = build_card(lmk_copy).text
+    assert "| base MiniLM (mean) | scientific (out-of-domain) | ndcg_at_10 | 0.8901 | 256 |" in text
+    assert "0.6123" in text  # its own results are kept
