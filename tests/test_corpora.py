@@ -152,3 +152,34 @@ def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
     rows = evaluate_table({"minilm": (model, [128])}, [right, wrong], progress=False)
     assert rows[0]["ndcg_at_10"] == pytest.approx(1.0) and rows[0]["recall_at_1"] == pytest.approx(1.0)
     assert rows[1]["ndcg_at_10"] < 0.7 and rows[1]["recall_at_1"] == 0
+
+
+def test_training_rows_carry_mined_negatives_and_sources():
+    from training.recipe import docs_training_rows
+
+    corpus = toy_corpus()
+    rows = docs_training_rows(corpus, num_negatives=2, max_rows=20, seed=0)
+    assert len(rows) == 20
+    assert {r["source"] for r in rows} == set(corpora.TRAIN_SOURCES)  # drawn evenly: every source is there
+    for row in rows:
+        assert len(row["negatives"]) == 2 and row["positive"] not in row["negatives"]
+        assert row["query"] not in row["positive"]
+
+
+def test_teacher_scores_are_the_teachers_cosines(minilm_path):
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from training.recipe import add_teacher_scores
+
+    teacher = SentenceTransformer(str(minilm_path), device="cpu")
+    rows = [{"query": "parse a json string", "positive": "JSON decoder: parse JSON documents.",
+             "negatives": ["Read ZIP archives.", "Sleep for a while."]},
+            {"query": "open a zip archive", "positive": "Read and write ZIP archives.",
+             "negatives": ["Parse JSON.", "Format dates."]}]
+    add_teacher_scores(rows, teacher, query_max_length=32, passage_max_length=64)
+    for row in rows:
+        q = teacher.encode(row["query"], normalize_embeddings=True)
+        candidates = teacher.encode([row["positive"], *row["negatives"]], normalize_embeddings=True)
+        np.testing.assert_allclose(row["teacher_scores"], candidates @ q, atol=1e-5)
+        assert row["teacher_scores"][0] == max(row["teacher_scores"])

@@ -76,3 +76,24 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
         for row in rows:
             handle.write(json.dumps({k: v for k, v in row.items() if v is not None}) + "\n")
     return path
+
+
+# The recipe `make demo` and `make train-full` use, chosen by `training/recipes/sweep.py` (see README).
+# Passages are trained at 128 tokens with g drawn from {32, 64, 128}; the teacher is the untouched base.
+RECIPE = {
+    "finetune": "lora",
+    "learning_rate": 3e-4,
+    "lora_r": 16,
+    "lora_alpha": 16,
+    "per_device_train_batch_size": 16,
+    "num_negatives": 1,
+    "query_max_length": 32,
+    "passage_max_length": 128,
+    "temperature": 0.02,
+    "distill_weight": 1.0,
+    "teacher_temperature": 0.02,
+    "teacher_max_length": 128,
+    "splitter": "variable",
+    "granularity": 32,
+    "granularities": [32, 64, 128],
+}
