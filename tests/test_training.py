@@ -15,7 +15,8 @@ import yaml
 
 from tests.helpers import REPO_ROOT, run_fresh_python
 from training import TrainConfig, train
-from training.data import load_training_rows, stdlib_training_rows, to_training_dataset, write_jsonl
+from training.data import load_training_rows, stdlib_training_rows, to_training_dataset
+from training.recipe import write_rows as write_jsonl
 
 TOPICS = ["json parsing", "regular expressions", "file paths", "dates and times", "random numbers", "zip archives",
           "http requests", "csv files", "command line arguments", "sorting lists", "hash functions", "sockets",
@@ -375,3 +376,60 @@ def test_two_process_ddp_with_gloo(lmk_checkpoint, tmp_path):
                                                      trust_remote_code=True).encode(["x"]).shape)}}))
     """, cwd=tmp_path)
     assert report["shape"] == [1, 32]
+
+
+def test_a_missing_or_misspelt_field_is_an_error_with_file_line_and_field(tmp_path):
+    rows = [{"query": "q1", "positive": "p1"}, {"query": "q2", "positve": "p2"}, {"query": "q3", "positive": ""}]
+    path = write_jsonl(rows, tmp_path / "typo.jsonl")
+    with pytest.raises(ValueError) as error:
+        load_training_rows(path)
+    message = str(error.value)
+    assert str(path) in message and "line 2: missing field `positive`" in message and "positve" in message
+    # An empty value is data: counted and dropped, not an error.
+    kept, report = load_training_rows(write_jsonl([rows[0], rows[2]], tmp_path / "empty.jsonl"))
+    assert len(kept) == 1 and report.dropped_empty == 1
+
+
+def test_teacher_embeddings_are_validated(tmp_path):
+    good = [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]
+    rows = [dict(toy_rows(1)[0], teacher_embeddings=good),
+            dict(toy_rows(1)[0], teacher_embeddings=good[:2]),
+            dict(toy_rows(1)[0], teacher_embeddings=[[0.1], [0.2, 0.3], [0.4]]),
+            dict(toy_rows(1)[0], teacher_embeddings=good, teacher_scores=[1.0, 0.0])]
+    with pytest.raises(ValueError) as error:
+        load_training_rows(write_jsonl(rows, tmp_path / "v.jsonl"))
+    message = str(error.value)
+    assert "3 bad rows" in message and "line 2: `teacher_embeddings` has 2 vectors" in message
+    assert "line 3: `teacher_embeddings` must be a list of equally long lists" in message
+    assert "line 4: give `teacher_scores` or `teacher_embeddings`, not both" in message
+
+
+def test_embedding_distillation_loss_is_infonce_plus_cosine_distance(minilm_lmk_checkpoint):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from training.finetune import InfoNCEWithEmbeddingDistillation
+
+    st = SentenceTransformer(str(minilm_lmk_checkpoint), trust_remote_code=True)
+    texts = [["q one", "q two"], ["p one", "p two"], ["n one", "n two"]]
+    features = [st.preprocess(column) for column in texts]
+    teacher = torch.nn.functional.normalize(torch.randn(2, 3, 384), dim=-1)
+    combined = InfoNCEWithEmbeddingDistillation(st, 0.02, 0.5, False)(features, teacher.reshape(2, -1))
+    infonce = MultipleNegativesRankingLoss(st, scale=50)(features, None)
+    student = torch.stack([st(f)["sentence_embedding"] for f in features], dim=1)
+    distance = 1 - torch.nn.functional.cosine_similarity(student, teacher, dim=-1).mean()
+    torch.testing.assert_close(combined, infonce + 0.5 * distance, atol=1e-4, rtol=1e-4)
+    # The student's own vectors as the teacher's: no distillation term left.
+    same = InfoNCEWithEmbeddingDistillation(st, 0.02, 0.5, False)(features, student.detach().reshape(2, -1))
+    torch.testing.assert_close(same, infonce, atol=1e-4, rtol=1e-4)
+
+
+def test_training_with_teacher_embeddings(lmk_checkpoint, tmp_path):
+    rows = toy_rows(8)
+    generator = torch.Generator().manual_seed(0)
+    for row in rows:
+        row["teacher_embeddings"] = torch.nn.functional.normalize(torch.randn(3, 32, generator=generator), dim=-1).tolist()
+    result = train(run_config(lmk_checkpoint, tmp_path, data=write_jsonl(rows, tmp_path / "v.jsonl"), max_steps=2))
+    assert result["global_step"] == 2
+    losses = [entry["loss"] for entry in result["log_history"] if "loss" in entry]
+    assert all(np.isfinite(losses))

@@ -32,7 +32,8 @@ class TrainConfig:
     loss: Literal["infonce", "gradcache"] = field(default="infonce", metadata={"help": "gradcache: CachedMultipleNegativesRankingLoss."})
     temperature: float = field(default=0.02, metadata={"help": "InfoNCE temperature tau (scale = 1 / tau)."})
     gradcache_mini_batch_size: int = 8
-    distill_weight: float = field(default=1.0, metadata={"help": "Weight of the KL term when rows have teacher_scores."})
+    distill_weight: float = field(default=1.0, metadata={
+        "help": "Weight of the distillation term: KL when rows have teacher_scores, cosine distance when they have teacher_embeddings."})
     teacher_temperature: float = 1.0
     gather_across_devices: bool = field(default=False, metadata={"help": "Negatives from every device under DDP."})
 

@@ -1,12 +1,16 @@
 """Training data: loading and validating custom files, and the built-in offline stdlib dataset.
 
 Rows have `query`, `positive`, optional `negatives` (a list), optional `teacher_scores` (one per
-positive + negatives) and optional `task` (the instruction for recurrent queries). Files are
+positive + negatives), optional `teacher_embeddings` (a teacher's vector for the query, the
+positive and each negative: 2 + negatives lists of equal length) and optional `task` (the
+instruction for recurrent queries). Files are
 jsonl, csv or parquet, or a `datasets.Dataset` is passed directly.
 
-Validation happens up front: a wrong type or shape is reported with the row's line number (all
-of them, not just the first); rows where the query, the positive or any negative is empty are
-dropped and counted in the log; a source with no valid row is an error.
+Validation happens up front: a wrong type or shape, or a row without `query` or `positive` (a
+missing or misspelt field), is reported with the file, the row's line number and the field (all
+of them, not just the first); rows where the query, the positive or any negative is empty (the
+field is there, its value is blank) are dropped and counted in the log; a source with no valid
+row is an error.
 """
 
 from __future__ import annotations
@@ -16,14 +20,13 @@ import json
 import logging
 import random
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_FIELDS = ("query", "positive")
-OPTIONAL_FIELDS = ("negatives", "teacher_scores", "task")
+OPTIONAL_FIELDS = ("negatives", "teacher_scores", "teacher_embeddings", "task")
 MAX_REPORTED_ERRORS = 20
 
 
@@ -117,7 +120,11 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
 
     errors, candidates = [], []
     for label, row in raw_rows:
-        problems = []
+        problems = [f"missing field `{key}`" for key in REQUIRED_FIELDS if key not in row]
+        if problems:  # a missing (or misspelt) field is a mistake, not empty data
+            unknown = [k for k in row if k not in REQUIRED_FIELDS + OPTIONAL_FIELDS]
+            errors.append(f"{label}: " + "; ".join(problems) + (f" (unknown fields: {unknown})" if unknown else ""))
+            continue
         for key in ("query", "positive", "task"):
             if row.get(key) is not None and not isinstance(row[key], str):
                 problems.append(f"`{key}` must be a string, got {type(row[key]).__name__}")
@@ -132,6 +139,16 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
                 problems.append("`teacher_scores` must be a list of numbers")
             elif isinstance(negatives, list) and len(scores) != 1 + len(negatives):
                 problems.append(f"`teacher_scores` has {len(scores)} values; expected 1 + {len(negatives)} negatives")
+        vectors = row.get("teacher_embeddings")
+        if vectors is not None:
+            if (not isinstance(vectors, list) or not all(isinstance(v, list) and v for v in vectors)
+                    or len({len(v) for v in vectors}) != 1 or not all(isinstance(x, (int, float)) for v in vectors for x in v)):
+                problems.append("`teacher_embeddings` must be a list of equally long lists of numbers")
+            elif isinstance(negatives, list) and len(vectors) != 2 + len(negatives):
+                problems.append(f"`teacher_embeddings` has {len(vectors)} vectors; expected query + positive + "
+                                f"{len(negatives)} negatives")
+        if scores is not None and vectors is not None:
+            problems.append("give `teacher_scores` or `teacher_embeddings`, not both")
         if problems:
             errors.append(f"{label}: " + "; ".join(problems))
             continue
@@ -139,15 +156,16 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
             report.dropped_empty += 1
             continue
         candidates.append({"query": row["query"], "positive": row["positive"], "negatives": list(negatives),
-                           "teacher_scores": scores, "task": row.get("task")})
+                           "teacher_scores": scores, "teacher_embeddings": vectors, "task": row.get("task")})
     if errors:
         raise ValueError(
             f"{name}: {len(errors)} bad rows" + (f" (first {MAX_REPORTED_ERRORS})" if len(errors) > MAX_REPORTED_ERRORS else "")
             + ":\n  " + "\n  ".join(errors[:MAX_REPORTED_ERRORS])
         )
-    with_scores = sum(r["teacher_scores"] is not None for r in candidates)
-    if 0 < with_scores < len(candidates):
-        raise ValueError(f"{name}: `teacher_scores` is given for {with_scores} of {len(candidates)} rows; give it for all or none.")
+    for key in ("teacher_scores", "teacher_embeddings"):
+        given = sum(r[key] is not None for r in candidates)
+        if 0 < given < len(candidates):
+            raise ValueError(f"{name}: `{key}` is given for {given} of {len(candidates)} rows; give it for all or none.")
 
     if num_negatives is None:
         num_negatives = min((len(r["negatives"]) for r in candidates), default=0)
@@ -161,6 +179,8 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
             row["negatives"] = row["negatives"][:num_negatives]
             if row["teacher_scores"] is not None:
                 row["teacher_scores"] = row["teacher_scores"][: 1 + num_negatives]
+            if row["teacher_embeddings"] is not None:
+                row["teacher_embeddings"] = row["teacher_embeddings"][: 2 + num_negatives]
         rows.append(row)
     report.rows_kept = len(rows)
     report.log()
@@ -184,7 +204,8 @@ def to_training_dataset(rows: list[dict], query_prefix=None):
     for k in range(num_negatives):
         columns[f"negative_{k + 1}"] = []
     has_scores = rows[0]["teacher_scores"] is not None
-    if has_scores:
+    has_vectors = rows[0].get("teacher_embeddings") is not None
+    if has_scores or has_vectors:
         columns["label"] = []
     for row in rows:
         prefix = query_prefix(row["task"]) if query_prefix else ""
@@ -194,6 +215,8 @@ def to_training_dataset(rows: list[dict], query_prefix=None):
             columns[f"negative_{k + 1}"].append(negative)
         if has_scores:
             columns["label"].append([float(s) for s in row["teacher_scores"]])
+        elif has_vectors:  # one flat vector per row: the collator makes a [batch, columns * dim] tensor
+            columns["label"].append([float(x) for vector in row["teacher_embeddings"] for x in vector])
     return Dataset.from_dict(columns)
 
 
@@ -273,14 +296,6 @@ def stdlib_training_rows(num_negatives: int = 1, held_out_fraction: float = 0.2,
                 continue
             negatives = [m.text for m in rng.sample(siblings, num_negatives)]
             rows.append({"query": item.synopsis, "positive": item.text, "negatives": negatives,
-                         "teacher_scores": None, "task": None})
+                         "teacher_scores": None, "teacher_embeddings": None, "task": None})
     rng.shuffle(rows)
     return rows, (queries, corpus, relevant)
-
-
-def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
-    path = Path(path)
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps({k: v for k, v in row.items() if v is not None}) + "\n")
-    return path

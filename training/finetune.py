@@ -82,6 +82,33 @@ class InfoNCEWithDistillation(nn.Module):
         )
 
 
+class InfoNCEWithEmbeddingDistillation(nn.Module):
+    """InfoNCE plus `weight` x mean cosine distance between the student's and a teacher's embedding of
+    every text in the row (query, positive, negatives), on one embedding pass.
+
+    `labels` is [batch, columns * dim]: the teacher's vectors, flattened per row. Matching the
+    teacher's vectors keeps what the teacher (the untouched base) knows while the student learns a
+    new pooling; it is a far denser signal than scores over a few candidates.
+    """
+
+    def __init__(self, model, temperature: float, weight: float, gather_across_devices: bool):
+        super().__init__()
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+        self.model = model
+        self.infonce = MultipleNegativesRankingLoss(model, scale=1 / temperature, gather_across_devices=gather_across_devices)
+        self.weight = weight
+
+    def forward(self, sentence_features, labels):
+        embeddings = [self.model(features)["sentence_embedding"] for features in sentence_features]
+        student = torch.stack(embeddings, dim=1)  # [batch, columns, dim]
+        teacher = labels.to(student.dtype).view(student.shape[0], student.shape[1], -1)
+        if teacher.shape != student.shape:
+            raise ValueError(f"teacher embeddings have shape {tuple(teacher.shape)}; the student's are {tuple(student.shape)}.")
+        distance = 1 - nn.functional.cosine_similarity(student, teacher, dim=-1).mean()
+        return self.infonce.compute_loss_from_embeddings(embeddings, None) + self.weight * distance
+
+
 def model_family(model: str) -> tuple[str, str]:
     """(our model_type, the backbone's model_type) of a checkpoint folder or Hub id."""
     from transformers import AutoConfig
@@ -165,12 +192,16 @@ def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: s
     return st, embedder
 
 
-def build_loss(config: TrainConfig, st, has_teacher_scores: bool):
+def build_loss(config: TrainConfig, st, has_teacher_scores: bool, has_teacher_embeddings: bool = False):
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
     )
 
+    if has_teacher_embeddings and config.distill_weight > 0:
+        if config.loss == "gradcache":
+            raise ValueError("`loss='gradcache'` with teacher_embeddings distillation is not supported; use loss='infonce'.")
+        return InfoNCEWithEmbeddingDistillation(st, config.temperature, config.distill_weight, config.gather_across_devices)
     if has_teacher_scores and config.distill_weight > 0:
         if config.loss == "gradcache":
             raise ValueError("`loss='gradcache'` with teacher_scores distillation is not supported; use loss='infonce'.")
@@ -272,10 +303,11 @@ def train(config: TrainConfig) -> dict:
         rows = rows[: config.max_train_rows]
     query_prefix = embedder.config.query_prompt if family == "recurrent_embedder" else None
     dataset = to_training_dataset(rows, query_prefix=query_prefix)
-    has_scores = "label" in dataset.column_names
-    if has_scores and config.distill_weight == 0:
+    has_label = "label" in dataset.column_names
+    has_vectors = has_label and rows[0].get("teacher_embeddings") is not None
+    if has_label and config.distill_weight == 0:
         dataset = dataset.remove_columns("label")
-    loss = build_loss(config, st, has_scores)
+    loss = build_loss(config, st, has_label and not has_vectors, has_vectors)
 
     evaluator = build_evaluator(held_out, st) if held_out else None
     eval_during_training = evaluator is not None and config.eval_steps is not None

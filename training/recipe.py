@@ -68,6 +68,27 @@ def add_teacher_scores(rows: list[dict], teacher, query_max_length: int, passage
     return rows
 
 
+def add_teacher_embeddings(rows: list[dict], teacher, query_max_length: int, passage_max_length: int,
+                           batch_size: int = 32) -> list[dict]:
+    """Set each row's `teacher_embeddings` to the teacher's unit vectors [query, positive, negatives...].
+
+    `teacher` is a SentenceTransformer (e.g. the untouched base); its `max_seq_length` is set per side.
+    Values are rounded to 6 decimals (the file stays small; cosine changes by < 1e-5).
+    """
+    import numpy as np
+
+    teacher.max_seq_length = query_max_length
+    queries = teacher.encode([r["query"] for r in rows], batch_size=batch_size, normalize_embeddings=True)
+    teacher.max_seq_length = passage_max_length
+    passages = [p for r in rows for p in [r["positive"], *r["negatives"]]]
+    encoded = teacher.encode(passages, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=True)
+    per_row = 1 + len(rows[0]["negatives"]) if rows else 0
+    for index, row in enumerate(rows):
+        vectors = np.concatenate([queries[index][None], encoded[index * per_row:(index + 1) * per_row]])
+        row["teacher_embeddings"] = np.round(vectors.astype(np.float64), 6).tolist()
+    return rows
+
+
 def write_rows(rows: list[dict], path: str | Path) -> Path:
     """Rows as jsonl in the training-file schema (extra keys such as `source` are kept for the record)."""
     path = Path(path)
