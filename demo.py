@@ -3,8 +3,8 @@
 1. Build documentation corpora from seven families of installed packages (summary line -> page),
    offline: five train the model, two (scipy/scikit-learn, sympy/networkx) are never trained on and
    score it out of domain, and held-out stdlib modules score it in domain.
-2. Mine a hard negative per training query with BM25, and score every (query, candidates) row with
-   the untouched base model (all-MiniLM-L6-v2, mean pooling): its scores are distilled.
+2. Mine a hard negative per training query with BM25, and embed every text of every row with the
+   untouched base model (all-MiniLM-L6-v2, mean pooling): its vectors are distilled.
 3. Fine-tune MiniLM twice with the same recipe (`training.recipe.RECIPE`): landmark (LMK) pooling
    with variable granularity, and CLS pooling.
 4. Score every model on every split through one code path (mteb): the untouched base with its own
@@ -33,9 +33,10 @@ BASE_ROW = "base MiniLM (mean)"
 METRICS = ("ndcg_at_10", "recall_at_1")
 # The two budgets. `demo` fits 20 minutes on 2 CPU cores with set-up; `full` fits an hour.
 BUDGETS = {
-    "demo": {"steps": 100, "queries": 300, "trained_lengths": [512], "base_lengths": [256, 512], "untrained_lengths": [512]},
-    "full": {"steps": 400, "queries": 400, "trained_lengths": [128, 256, 512], "base_lengths": [128, 256, 512],
-             "untrained_lengths": [128, 256, 512]},
+    "demo": {"steps": 80, "queries": 310, "in_domain_queries": 200, "trained_lengths": [512], "base_lengths": [256, 512],
+             "untrained_lengths": [512]},
+    "full": {"steps": 400, "queries": 320, "in_domain_queries": 320, "trained_lengths": [128, 256, 512],
+             "base_lengths": [128, 256, 512], "untrained_lengths": [128, 256, 512]},
 }
 
 
@@ -57,7 +58,7 @@ def build_data(out_dir: Path, budget: dict, recipe: dict):
     from sentence_transformers import SentenceTransformer
 
     from training.corpora import OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, build_corpus, corpus_report, evaluation_splits
-    from training.recipe import add_teacher_scores, docs_training_rows, write_rows
+    from training.recipe import add_teacher_embeddings, docs_training_rows, write_rows
 
     corpus = build_corpus(out_dir.parent / "corpora")
     report = corpus_report(corpus)
@@ -71,7 +72,7 @@ def build_data(out_dir: Path, budget: dict, recipe: dict):
     total = sum(info["count"] for info in report.values())
     say(f"{len(report)} sources, {total} pairs (out-of-domain sources: {', '.join(OUT_OF_DOMAIN_SOURCES)}).")
 
-    splits = evaluation_splits(corpus, max_queries=budget["queries"])
+    splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
     for split in splits:
         say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
 
@@ -80,9 +81,9 @@ def build_data(out_dir: Path, budget: dict, recipe: dict):
     say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; "
         f"{recipe['num_negatives']} BM25 hard negative(s) each.")
     if recipe["distill_weight"] > 0:
-        say("Scoring the training rows with the untouched base model (the distillation teacher) ...")
+        say("Embedding the training rows with the untouched base model (the distillation teacher) ...")
         teacher = SentenceTransformer(minilm_path(), device="cpu")
-        add_teacher_scores(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
+        add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
     return splits, write_rows(rows, out_dir / "train.jsonl")
 
 

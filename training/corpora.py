@@ -352,10 +352,11 @@ def _split_from_items(name: str, items: list[DocItem], max_queries: int, seed: i
 
 
 def evaluation_splits(corpus: dict[str, list[DocItem]], max_queries: int = 320, seed: int = 0,
-                      held_out_fraction: float = 0.2) -> list[RetrievalSplit]:
-    """The in-domain held-out stdlib split, then one out-of-domain split per evaluation-only source."""
+                      held_out_fraction: float = 0.2, in_domain_queries: int | None = None) -> list[RetrievalSplit]:
+    """The in-domain held-out stdlib split (`in_domain_queries`, default `max_queries`), then one
+    out-of-domain split per evaluation-only source (`max_queries` each)."""
     held_out = [i for i in corpus.get("stdlib", []) if is_held_out_module(i.module, held_out_fraction)]
-    splits = [_split_from_items(IN_DOMAIN_SPLIT, held_out, max_queries, seed)]
+    splits = [_split_from_items(IN_DOMAIN_SPLIT, held_out, in_domain_queries or max_queries, seed)]
     for source in OUT_OF_DOMAIN_SOURCES:
         if source in corpus:
             splits.append(_split_from_items(f"{source} (out-of-domain)", corpus[source], max_queries, seed))
