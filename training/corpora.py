@@ -30,6 +30,7 @@ import os
 import re
 import statistics
 import sys
+import warnings
 import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -219,7 +220,9 @@ def source_items(source: str, max_methods_per_class: int = 120, modules: list[st
     for module_name, module in modules.items():
         if module is None:
             continue
-        candidates = [(module_name, "module", module)] + list(_members(module, module_name, source, max_methods_per_class))
+        with warnings.catch_warnings():  # attribute access can raise deprecation warnings (torch's TypedStorage)
+            warnings.simplefilter("ignore")
+            candidates = [(module_name, "module", module)] + list(_members(module, module_name, source, max_methods_per_class))
         for name, kind, obj in candidates:
             if id(obj) in seen_objects:
                 continue

@@ -23,12 +23,15 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS = Path(__file__).with_name("sweep_results.json")
 BASE = dict(finetune="lora", learning_rate=3e-4, lora_r=16, lora_alpha=16, per_device_train_batch_size=16,
-            query_max_length=32, passage_max_length=128, num_negatives=1, distill=False)
+            query_max_length=32, passage_max_length=128, num_negatives=1, distill=False, distill_weight=1.0)
 CANDIDATES = {
     "lmk-lora-infonce": dict(pooling="lmk"),
     "lmk-lora-embed": dict(pooling="lmk", distill="embeddings"),
     "lmk-lora-embed-256": dict(pooling="lmk", distill="embeddings", passage_max_length=256),
     "lmk-lora-embed-lr1e-3": dict(pooling="lmk", distill="embeddings", learning_rate=1e-3),
+    "lmk-lora-embed-lr3e-3": dict(pooling="lmk", distill="embeddings", learning_rate=3e-3),
+    "lmk-lora-embed-lr1e-3-w5": dict(pooling="lmk", distill="embeddings", learning_rate=1e-3, distill_weight=5.0),
+    "lmk-lora-embed-lr1e-3-w20": dict(pooling="lmk", distill="embeddings", learning_rate=1e-3, distill_weight=20.0),
     "cls-lora-embed": dict(pooling="cls", distill="embeddings"),
     "lmk-lora-distill": dict(pooling="lmk", distill=True),
     "lmk-full-distill": dict(pooling="lmk", distill=True, finetune="full", learning_rate=5e-5),
@@ -97,7 +100,7 @@ def main(argv=None) -> int:
             finetune=settings["finetune"], learning_rate=settings["learning_rate"], lora_r=settings["lora_r"],
             lora_alpha=settings["lora_alpha"], per_device_train_batch_size=settings["per_device_train_batch_size"],
             max_steps=args.steps, num_negatives=settings["num_negatives"], query_max_length=settings["query_max_length"],
-            passage_max_length=settings["passage_max_length"], teacher_temperature=0.02, distill_weight=1.0,
+            passage_max_length=settings["passage_max_length"], teacher_temperature=0.02, distill_weight=settings["distill_weight"],
             logging_steps=20, save_steps=100_000, seed=0,
         ))
         model = AutoModel.from_pretrained(run["final_dir"], trust_remote_code=True)
