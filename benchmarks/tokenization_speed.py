@@ -43,7 +43,7 @@ def main() -> None:
 
     def run_rust_only():  # the shared floor: one Rust pass, no padding or tensors
         for batch in batches:
-            plain._tokenizer.encode_batch(batch, add_special_tokens=True)
+            plain.backend_tokenizer.encode_batch(batch, add_special_tokens=True)
 
     times = best_of(
         args.runs,
@@ -53,7 +53,7 @@ def main() -> None:
         lmk_g128=run_landmark(128),
         lmk_sentence_g128=run_landmark(128, "sentence"),
     )
-    tokens = sum(len(e.ids) for b in batches for e in plain._tokenizer.encode_batch(b))
+    tokens = sum(len(e.ids) for b in batches for e in plain.backend_tokenizer.encode_batch(b))
     print(f"{len(texts)} texts, {tokens:,} tokens, batches of {args.batch_size}, best of {args.runs}")
     results = {"texts": len(texts), "tokens": tokens, "seconds": times, "ratios": {}}
     for name, seconds in times.items():

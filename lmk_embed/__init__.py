@@ -32,6 +32,17 @@ AUTO_MAPS = {
 }
 
 
+# peft's LoRA targets per backbone `model_type`: every linear layer by default; only in_proj for
+# Mamba2 (peft refuses its out_proj).
+LORA_TARGET_MODULES = {"mamba2": ["in_proj"]}
+DEFAULT_LORA_TARGET_MODULES = "all-linear"
+
+
+def lora_target_modules(backbone_type: str):
+    """The `target_modules` to give `peft.LoraConfig` for a backbone of this `model_type`."""
+    return LORA_TARGET_MODULES.get(backbone_type, DEFAULT_LORA_TARGET_MODULES)
+
+
 def shipped_files() -> list[Path]:
     """The .py files every checkpoint ships: this folder's files, less `__init__.py`."""
     return sorted(p for p in PACKAGE_DIR.glob("*.py") if p.name != "__init__.py")
@@ -53,7 +64,7 @@ def _register_auto_classes() -> None:
 _register_auto_classes()
 
 __all__ = [
-    "AUTO_MAPS", "LMKConfig", "LMKModel", "LMKTokenizer", "RecurrentEmbedConfig", "RecurrentEmbedModel",
+    "AUTO_MAPS", "lora_target_modules", "LMKConfig", "LMKModel", "LMKTokenizer", "RecurrentEmbedConfig", "RecurrentEmbedModel",
     "RecurrentEmbedTokenizer", "shipped_files",
 ]
 __version__ = "0.1.0"

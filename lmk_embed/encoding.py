@@ -106,10 +106,12 @@ def _as_batch(texts, allow_streams: bool) -> tuple[bool, list]:
     if is_stream(texts):
         if allow_streams:
             return True, [texts]
-        raise TypeError(
-            f"`texts` must be a string or a list of strings, got {type(texts).__name__}; "
-            "iterators and paths are streamed documents, which only recurrent models accept."
-        )
+        if isinstance(texts, os.PathLike):
+            raise TypeError(
+                f"`texts` must be a string or a list of strings, got {type(texts).__name__}; "
+                "paths are streamed documents, which only recurrent models accept."
+            )
+        texts = list(texts)  # an iterable of texts is many texts, as in sentence-transformers
     if isinstance(texts, (bytes, dict)) or not (hasattr(texts, "__len__") and hasattr(texts, "__getitem__")):
         raise TypeError(f"`texts` must be a string or a list of strings, got {type(texts).__name__}.")
     items = texts.tolist() if isinstance(texts, np.ndarray) else list(texts)

@@ -393,7 +393,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
     def default_max_length(self) -> int | None:
         return self.config.max_length
 
-    def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool = False, max_length=None):
+    def prepare_features(self, texts: list[str], prompt: str | None = None, max_length=None):
         """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module)."""
         batch = self.tokenizer.build_batch(texts, prompt=prompt, max_length=max_length or self.config.max_length)
         return batch.tensors()

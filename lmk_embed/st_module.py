@@ -80,7 +80,7 @@ class EmbedderModule(InputModule):
             check_position_limit("max_seq_length", self.max_seq_length, self.model.max_positions())
         else:
             check_position_limit("max_length", max_length, self.model.max_positions())
-        features = self.model.prepare_features(texts, prompt=prompt or None, training=self.training, max_length=max_length)
+        features = self.model.prepare_features(texts, prompt=prompt or None, max_length=max_length)
         truncated = getattr(features, "truncated", None)
         # Training batches are truncated on purpose (the trainer's per-column budgets): no warning.
         if not self.training and not self._truncation_reported and truncated is not None and truncated.any():

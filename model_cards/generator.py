@@ -14,6 +14,8 @@ from pathlib import Path
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from lmk_embed import lora_target_modules
+
 TEMPLATE = Path(__file__).resolve().parent / "template.md"
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "ndcg_vs_max_length.png"
@@ -81,10 +83,6 @@ def record_results(checkpoint: str | Path, results: list[dict] | None = None, ex
     return path
 
 
-def _lora_targets(backbone_type: str):
-    return ["in_proj"] if backbone_type == "mamba2" else "all-linear"
-
-
 def _snippets(family: str, model_id: str, backbone_type: str) -> dict[str, str]:
     if family == "lmk_embedder":
         automodel = f'''from transformers import AutoModel
@@ -120,7 +118,7 @@ from sentence_transformers import SentenceTransformer
 
 model_id = "{model_id}"
 model = SentenceTransformer(model_id, trust_remote_code=True)
-model.add_adapter(LoraConfig(r=16, lora_alpha=16, target_modules={_lora_targets(backbone_type)!r}))
+model.add_adapter(LoraConfig(r=16, lora_alpha=16, target_modules={lora_target_modules(backbone_type)!r}))
 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 print(f"{{trainable}} trainable parameters")  # then train with SentenceTransformerTrainer'''
     return {"automodel": automodel, "sentence_transformers": sentence_transformers, "peft": peft}

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Top-level packages and modules of this repository, and the ones each may import.
 ALLOWED_IMPORTS = {
     "lmk_embed": set(),
-    "model_cards": set(),
+    "model_cards": {"lmk_embed"},
     "evaluation": set(),
     "training": {"lmk_embed"},
     "push": {"lmk_embed", "model_cards"},

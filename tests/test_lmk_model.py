@@ -172,8 +172,16 @@ def test_bad_texts(lmk_model):
         lmk_model.encode(None)
     with pytest.raises(TypeError, match=r"`texts\[1\]`"):
         lmk_model.encode(["ok", 3])
-    with pytest.raises(TypeError, match="`texts`"):
-        lmk_model.encode(iter(["a", "b"]))  # iterators are streamed documents: recurrent only
+    with pytest.raises(TypeError, match="`texts\\[1\\]`"):
+        lmk_model.encode(iter(["a", 3]))
+    with pytest.raises(TypeError, match="paths are streamed documents"):
+        lmk_model.encode(__import__("pathlib").Path("book.txt"))
+
+
+def test_an_iterable_of_texts_is_many_texts(lmk_model):
+    texts = ["json parsing", "zip archives", "a longer text about regular expressions"]
+    np.testing.assert_allclose(lmk_model.encode(t for t in texts), lmk_model.encode(texts), atol=1e-6)
+    assert lmk_model.encode(iter(texts)).shape == (3, 32)
 
 
 def test_empty_list_gives_zero_by_d(lmk_model):

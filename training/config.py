@@ -9,11 +9,12 @@ from typing import Literal
 
 import yaml
 
+from lmk_embed.configuration_lmk import SPLITTERS
+from lmk_embed.configuration_recurrent import SCHEDULES
+
 # The papers' learning rates: LMK fine-tunes the whole encoder at 2e-5; the recurrent embedders
 # train QLoRA adapters at 4e-4 (Mamba2-1.3B needed 2.4e-3).
 FAMILY_LEARNING_RATES = {"lmk_embedder": 2e-5, "recurrent_embedder": 4e-4}
-# peft targets: every linear layer for encoders; only in_proj for Mamba2 (peft refuses out_proj).
-FAMILY_LORA_TARGETS = {"mamba2": ["in_proj"]}
 
 
 @dataclass
@@ -99,7 +100,7 @@ class TrainConfig:
         if self.distill_weight < 0:
             raise ValueError(f"`distill_weight` must be >= 0, got {self.distill_weight!r}.")
         choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora"), "save_mode": ("merged", "adapter"),
-                   "splitter": ("fixed", "variable", "sentence", None), "schedule": ("auto", "horizontal", "vertical", None)}
+                   "splitter": (*SPLITTERS, None), "schedule": (*SCHEDULES, None)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Unknown `{name}` {getattr(self, name)!r}; expected one of {[a for a in allowed if a]}.")

@@ -23,7 +23,9 @@ import torch
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 from torch import nn
 
-from .config import FAMILY_LEARNING_RATES, FAMILY_LORA_TARGETS, TrainConfig
+from lmk_embed import lora_target_modules
+
+from .config import FAMILY_LEARNING_RATES, TrainConfig
 from .data import load_training_rows, stdlib_training_rows, to_training_dataset
 
 logger = logging.getLogger(__name__)
@@ -186,7 +188,7 @@ def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: s
 
         prepare_model_for_kbit_training(embedder, use_gradient_checkpointing=config.gradient_checkpointing)
     if config.finetune in ("lora", "qlora"):
-        targets = config.lora_target_modules or FAMILY_LORA_TARGETS.get(backbone_type, "all-linear")
+        targets = config.lora_target_modules or lora_target_modules(backbone_type)
         st.add_adapter(LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                   target_modules=targets))
     return st, embedder
