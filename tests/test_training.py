@@ -243,6 +243,8 @@ def test_merged_checkpoint_passes_the_contract(minilm_lmk_checkpoint, tmp_path, 
     texts = ["how do I parse json", "A module for zip archives."]
     merged = LMKModel.from_pretrained(final).encode(texts)
     assert np.abs(merged - result["model"].encode(texts)).max() <= 1e-5
+    untouched = LMKModel.from_pretrained(minilm_lmk_checkpoint).encode(texts)
+    assert np.abs(merged - untouched).max() > 1e-4  # the adapter really was merged in
     check_contract(final, tmp_path / "contract", ["query", "value"])
 
 

@@ -47,6 +47,8 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
     passage_max_length: int = 512
     drawn: list = field(default_factory=list)
 
+    # The two methods below are private in sentence-transformers' collator; it has no public hook for
+    # per-column max lengths, so they are overridden here (and checked by the collator tests).
     def _get_task_for_column(self, column_name, column_position, router_mapping):
         return "query" if column_position == 0 else "passage"
 
@@ -229,20 +231,6 @@ def build_evaluator(held_out, st, batch_size: int = 16):
 # ---- saving -------------------------------------------------------------------------------------
 
 
-def merge_adapters(model) -> None:
-    """Fold every LoRA layer into its base weight and drop the adapter modules."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, BaseTunerLayer):
-            module.merge()
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, module.get_base_layer())
-    model._hf_peft_config_loaded = False
-    if hasattr(model, "peft_config"):
-        del model.peft_config
-
-
 def save_final(config: TrainConfig, st, embedder, family: str) -> Path:
     """The trained model as a full checkpoint (full / merged) or as a LoRA adapter."""
     from transformers import AutoModel
@@ -256,19 +244,17 @@ def save_final(config: TrainConfig, st, embedder, family: str) -> Path:
         save_checkpoint(embedder, embedder.tokenizer, final_dir)
     elif config.save_mode == "adapter":
         embedder.save_pretrained(final_dir)  # adapter_config.json + adapter_model.safetensors
-    else:  # merge into the unquantised base weights, loaded fresh
+    else:  # merge into the unquantised base weights, loaded fresh, with peft's own merge
+        from peft import PeftModel
+
         with tempfile.TemporaryDirectory() as adapter_dir:
-            embedder.save_pretrained(adapter_dir)
+            embedder.save_pretrained(adapter_dir)  # adapter_config.json + adapter_model.safetensors
             base = AutoModel.from_pretrained(config.model, trust_remote_code=True)
             for name in ("splitter", "granularities", "granularity", "schedule", "block_size"):
                 if hasattr(base.config, name):
                     setattr(base.config, name, getattr(embedder.config, name))
-            conversions = getattr(base, "_weight_conversions", None)
-            base.load_adapter(adapter_dir)
-            merge_adapters(base)
-            # load_adapter records a PEFT key mapping that save_pretrained would apply to every weight.
-            base._weight_conversions = conversions
-            save_checkpoint(base, embedder.tokenizer, final_dir)
+            merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+            save_checkpoint(merged, embedder.tokenizer, final_dir)
     config.to_yaml(final_dir / RUN_CONFIG_NAME)
     return final_dir
 
