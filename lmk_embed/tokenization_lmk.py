@@ -92,6 +92,149 @@ def _exclusive_cumsum_per_group(values: np.ndarray, group_starts: np.ndarray, gr
     return total - total[np.minimum(group_starts, len(values) - 1)][group_of]
 
 
+@dataclass
+class _Tokens:
+    """A batch's content tokens, flat: token i is `ids[i]`, at `pos[i]` in text `text_of[i]`; `closes[i]`
+    when a chunk ends after it. `kept` / `kept_start` count and locate each text's tokens after truncation."""
+
+    ids: np.ndarray
+    text_of: np.ndarray
+    pos: np.ndarray
+    closes: np.ndarray
+    offsets: np.ndarray | None  # [tokens, 2] character spans, when asked for
+    lengths: np.ndarray  # [texts] tokens before truncation
+    text_start: np.ndarray  # [texts] first token of each text, before truncation
+    kept: np.ndarray | None = None
+    kept_start: np.ndarray | None = None
+
+    @property
+    def num_texts(self) -> int:
+        return len(self.lengths)
+
+
+@dataclass
+class _Rows:
+    """The padded [texts, width] layout and where its markers went."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    column: np.ndarray  # [tokens] column of each content token
+    marker_after: np.ndarray  # [tokens] a marker follows this token
+    is_final: np.ndarray  # [tokens] the text's last token
+    empty: np.ndarray  # [texts] no content token kept
+
+
+def _segment(encodings, texts: list[str], g: int, splitter: str, need_offsets: bool) -> _Tokens:
+    """Step 1, segment: flatten the encodings and mark where chunks close.
+
+    A segment is a sentence (sentence splitter) or the whole text; chunks of g tokens inside each.
+    """
+    num_texts = len(encodings)
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=num_texts)
+    total = int(lengths.sum())
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
+    text_of = np.repeat(np.arange(num_texts), lengths)
+    text_start = np.cumsum(lengths) - lengths
+    index = np.arange(total)
+    pos = index - text_start[text_of]
+    offsets = None
+    if need_offsets:
+        offsets = np.fromiter(
+            chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), dtype=np.int64, count=2 * total
+        ).reshape(total, 2)
+    if splitter == "sentence":
+        span = max((len(t) for t in texts), default=0) + 1
+        ends = np.fromiter(
+            chain.from_iterable((i * span + m.end() for m in SENTENCE_END.finditer(t)) for i, t in enumerate(texts)),
+            dtype=np.int64,
+        )
+        segment = np.searchsorted(ends, text_of * span + offsets[:, 0], side="right") + text_of
+    else:
+        segment = text_of
+    new_segment = np.ones(total, dtype=bool)
+    new_segment[1:] = segment[1:] != segment[:-1]
+    segment_first = np.maximum.accumulate(np.where(new_segment, index, 0)) if total else index
+    closes = (index - segment_first + 1) % g == 0
+    closes[:-1] |= new_segment[1:]
+    if total:
+        closes[-1] = True
+    return _Tokens(ids, text_of, pos, closes, offsets, lengths, text_start)
+
+
+def _truncate(tokens: _Tokens, layout: str, max_length: int | None, has_start: int, end_id) -> np.ndarray:
+    """Step 2, truncate: keep each text's longest prefix whose full layout fits `max_length` (markers
+    count against it). Updates `tokens` in place; returns which texts were cut, [texts] bool."""
+    if max_length is not None:
+        if layout == "plain":
+            cost = has_start + tokens.pos + 1 + int(end_id is not None)
+        else:  # one marker per chunk (multi_cls: CLS markers + the final SEP)
+            markers = _exclusive_cumsum_per_group(tokens.closes.astype(np.int64), tokens.text_start, tokens.text_of)
+            cost = has_start + tokens.pos + 1 + markers + 1
+        keep = cost <= max_length
+    else:
+        keep = np.ones(len(tokens.ids), dtype=bool)
+    tokens.kept = np.bincount(tokens.text_of[keep], minlength=tokens.num_texts).astype(np.int64)
+    if not keep.all():
+        tokens.ids, tokens.text_of, tokens.pos, tokens.closes = (
+            tokens.ids[keep], tokens.text_of[keep], tokens.pos[keep], tokens.closes[keep])
+        if tokens.offsets is not None:
+            tokens.offsets = tokens.offsets[keep]
+    tokens.kept_start = np.cumsum(tokens.kept) - tokens.kept
+    tokens.closes[(tokens.kept_start + tokens.kept - 1)[tokens.kept > 0]] = True  # a text always ends a chunk
+    return tokens.kept < tokens.lengths
+
+
+def _assemble(tokens: _Tokens, layout: str, has_start: int, start_id, end_id, marker_id, final_id, pad_id: int) -> _Rows:
+    """Step 3, assemble: [start] tokens with a marker after each closing token, padded to one width.
+
+    Plain layouts get only the final SEP after the last token; an empty text gets the final marker alone.
+    """
+    total, num_texts, kept = len(tokens.ids), tokens.num_texts, tokens.kept
+    last_token = (tokens.kept_start + kept - 1)[kept > 0]
+    marker_after = tokens.closes.copy() if layout != "plain" else np.zeros(total, dtype=bool)
+    if layout == "plain" and end_id is not None:
+        marker_after[last_token] = True
+    markers_before = _exclusive_cumsum_per_group(marker_after.astype(np.int64), tokens.kept_start, tokens.text_of)
+    column = has_start + tokens.pos + markers_before
+    empty = kept == 0
+    num_markers = np.bincount(tokens.text_of[marker_after], minlength=num_texts) + (empty & (final_id is not None))
+    row_length = has_start + kept + num_markers
+    width = int(row_length.max())
+
+    input_ids = np.full((num_texts, width), pad_id, dtype=np.int64)
+    attention_mask = (np.arange(width)[None, :] < row_length[:, None]).astype(np.int64)
+    if has_start:
+        input_ids[:, 0] = start_id
+    input_ids[tokens.text_of, column] = tokens.ids
+    is_final = np.zeros(total, dtype=bool)
+    is_final[last_token] = True
+    input_ids[tokens.text_of[marker_after], column[marker_after] + 1] = np.where(is_final[marker_after], final_id, marker_id)
+    if final_id is not None:
+        input_ids[np.flatnonzero(empty), has_start] = final_id
+    return _Rows(input_ids, attention_mask, column, marker_after, is_final, empty)
+
+
+def _pooling_mask(tokens: _Tokens, rows: _Rows, pooling: str, has_start: int) -> np.ndarray:
+    """Step 4, mask: [texts, width], 1 at the positions `pooling` averages."""
+    landmark_mask = np.zeros_like(rows.input_ids)
+    marker_rows, marker_cols = tokens.text_of[rows.marker_after], rows.column[rows.marker_after] + 1
+    if pooling == "lmk":
+        landmark_mask[marker_rows, marker_cols] = 1
+        landmark_mask[np.flatnonzero(rows.empty), has_start] = 1
+    elif pooling == "multi_cls":
+        landmark_mask[:, 0] = 1
+        inner = rows.marker_after & ~rows.is_final
+        landmark_mask[tokens.text_of[inner], rows.column[inner] + 1] = 1
+    elif pooling == "cls":
+        landmark_mask[:, 0] = 1
+    elif pooling == "mean@k":
+        landmark_mask[tokens.text_of[tokens.closes], rows.column[tokens.closes]] = 1
+    else:  # mean, latent_attention
+        landmark_mask[:] = rows.attention_mask
+    landmark_mask[landmark_mask.sum(1) == 0, 0] = 1  # e.g. mean@k of an empty text: fall back to [CLS]
+    return landmark_mask
+
+
 class LMKTokenizer(PreTrainedTokenizerFast):
     """A fast tokenizer whose call returns the landmark layout.
 
@@ -248,7 +391,9 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         prompt: str | None = None,
         with_spans: bool = False,
     ) -> LandmarkBatch:
-        """Build the padded landmark layout for `texts`. See the module docstring."""
+        """Build the padded landmark layout for `texts` (see the module docstring) in four steps:
+        `_segment` (chunks), `_truncate` (to `max_length`, markers included), `_assemble` (ids and
+        attention mask, [texts, width]) and `_pooling_mask` (the positions `pooling` averages)."""
         pooling = check_choice("pooling", self.lmk_pooling if pooling is None else pooling, POOLINGS)
         g, splitter = self.resolve_granularity(granularity, splitter)
         self.check_max_length(max_length)
@@ -267,108 +412,17 @@ class LMKTokenizer(PreTrainedTokenizerFast):
 
         prefix = prompt or ""
         full_texts = [prefix + t for t in texts] if prefix else texts
-        encodings = self.content_encodings(full_texts, max_length)
-        num_texts = len(encodings)
-        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=num_texts)
-        total = int(lengths.sum())
-        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
-        text_of = np.repeat(np.arange(num_texts), lengths)
-        text_start = np.cumsum(lengths) - lengths
-        index = np.arange(total)
-        pos = index - text_start[text_of]
-        offsets = None
-        if with_spans or splitter == "sentence":
-            offsets = np.fromiter(
-                chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), dtype=np.int64, count=2 * total
-            ).reshape(total, 2)
-
-        # Segments: a sentence (sentence splitter) or the whole text; chunks of g inside each.
-        if splitter == "sentence":
-            span = max((len(t) for t in full_texts), default=0) + 1
-            ends = np.fromiter(
-                chain.from_iterable(
-                    (i * span + m.end() for m in SENTENCE_END.finditer(t)) for i, t in enumerate(full_texts)
-                ),
-                dtype=np.int64,
-            )
-            segment = np.searchsorted(ends, text_of * span + offsets[:, 0], side="right") + text_of
-        else:
-            segment = text_of
-        new_segment = np.ones(total, dtype=bool)
-        new_segment[1:] = segment[1:] != segment[:-1]
-        segment_first = np.maximum.accumulate(np.where(new_segment, index, 0)) if total else index
-        pos_in_segment = index - segment_first
-        closes = (pos_in_segment + 1) % g == 0
-        closes[:-1] |= new_segment[1:]
-        if total:
-            closes[-1] = True
-
-        # Truncation: keep the longest prefix whose full layout fits max_length.
-        if max_length is not None:
-            if layout == "plain":
-                cost = has_start + pos + 1 + int(end_id is not None)
-            else:  # one marker per chunk (multi_cls: CLS markers + the final SEP)
-                cost = has_start + pos + 1 + _exclusive_cumsum_per_group(closes.astype(np.int64), text_start, text_of) + 1
-            keep = cost <= max_length
-        else:
-            keep = np.ones(total, dtype=bool)
-        kept = np.bincount(text_of[keep], minlength=num_texts).astype(np.int64)
-        truncated = kept < lengths
-        if not keep.all():
-            ids, text_of, pos, closes = ids[keep], text_of[keep], pos[keep], closes[keep]
-            if offsets is not None:
-                offsets = offsets[keep]
-            total = len(ids)
-        kept_start = np.cumsum(kept) - kept
-        last_token = (kept_start + kept - 1)[kept > 0]
-        closes[last_token] = True  # the sequence always ends with a landmark
-
-        # Markers after closing tokens (plain layouts: only the final SEP after the last token).
-        marker_after = closes.copy() if layout != "plain" else np.zeros(total, dtype=bool)
-        if layout == "plain" and end_id is not None:
-            marker_after[last_token] = True
-        markers_before = _exclusive_cumsum_per_group(marker_after.astype(np.int64), kept_start, text_of)
-        column = has_start + pos + markers_before
-        empty = kept == 0
-        num_markers = np.bincount(text_of[marker_after], minlength=num_texts) + (empty & (final_id is not None))
-        row_length = has_start + kept + num_markers
-        width = int(row_length.max())
-
-        pad_id = self.pad_token_id if self.pad_token_id is not None else 0
-        input_ids = np.full((num_texts, width), pad_id, dtype=np.int64)
-        landmark_mask = np.zeros((num_texts, width), dtype=np.int64)
-        attention_mask = (np.arange(width)[None, :] < row_length[:, None]).astype(np.int64)
-        if has_start:
-            input_ids[:, 0] = start_id
-        input_ids[text_of, column] = ids
-        marker_rows, marker_cols = text_of[marker_after], column[marker_after] + 1
-        is_final = np.zeros(total, dtype=bool)
-        is_final[last_token] = True
-        input_ids[marker_rows, marker_cols] = np.where(is_final[marker_after], final_id, marker_id)
-        empty_rows = np.flatnonzero(empty)
-        if final_id is not None and len(empty_rows):
-            input_ids[empty_rows, has_start] = final_id
-
-        # Pooling positions.
-        if pooling == "lmk":
-            landmark_mask[marker_rows, marker_cols] = 1
-            landmark_mask[empty_rows, has_start] = 1
-        elif pooling == "multi_cls":
-            landmark_mask[:, 0] = 1
-            inner = marker_after & ~is_final
-            landmark_mask[text_of[inner], column[inner] + 1] = 1
-        elif pooling == "cls":
-            landmark_mask[:, 0] = 1
-        elif pooling == "mean@k":
-            landmark_mask[text_of[closes], column[closes]] = 1
-        else:  # mean, latent_attention
-            landmark_mask[:] = attention_mask
-        landmark_mask[landmark_mask.sum(1) == 0, 0] = 1  # e.g. mean@k of an empty text: fall back to [CLS]
-
+        tokens = _segment(self.content_encodings(full_texts, max_length), full_texts, g, splitter,
+                          need_offsets=with_spans or splitter == "sentence")
+        truncated = _truncate(tokens, layout, max_length, has_start, end_id)
+        rows = _assemble(tokens, layout, has_start, start_id, end_id, marker_id, final_id,
+                         self.pad_token_id if self.pad_token_id is not None else 0)
+        landmark_mask = _pooling_mask(tokens, rows, pooling, has_start)
         spans = None
         if with_spans:
-            spans = self._chunk_spans(closes, text_of, kept_start, offsets, empty, len(prefix), num_texts)
-        return LandmarkBatch(input_ids, attention_mask, landmark_mask, truncated, g, max_length, spans)
+            spans = self._chunk_spans(tokens.closes, tokens.text_of, tokens.kept_start, tokens.offsets, rows.empty,
+                                      len(prefix), tokens.num_texts)
+        return LandmarkBatch(rows.input_ids, rows.attention_mask, landmark_mask, truncated, g, max_length, spans)
 
     @staticmethod
     def _chunk_spans(closes, text_of, kept_start, offsets, empty, prefix_length, num_texts):
