@@ -156,7 +156,8 @@ def is_reserved(obj) -> bool:
     return any(resolved == d or resolved.startswith(d + os.sep) for d in RESERVED_DIRS)
 
 
-def _normalized(text: str) -> str:
+def normalized_text(text: str) -> str:
+    """Whitespace-collapsed, lower-cased: the key under which near-copies of a page are one."""
     return re.sub(r"\s+", " ", text).strip().lower()
 
 
@@ -230,7 +231,7 @@ def source_items(source: str, max_methods_per_class: int = 120, modules: list[st
             item = _page_item(source, module_name, name, kind, obj)
             if item is None or item.synopsis in seen_queries:
                 continue
-            body = hashlib.sha1(_normalized(inspect.getdoc(obj) or item.text).encode()).hexdigest()
+            body = hashlib.sha1(normalized_text(inspect.getdoc(obj) or item.text).encode()).hexdigest()
             if body in seen_bodies:
                 continue
             seen_bodies.add(body)
@@ -250,7 +251,7 @@ def build_corpus(cache_dir: str | Path | None = None, sources=SOURCES) -> dict[s
         # so an out-of-domain split never holds a page the model was trained on).
         kept = []
         for item in corpus[source]:
-            key = hashlib.sha1(_normalized(item.text).encode()).hexdigest()
+            key = hashlib.sha1(normalized_text(item.text).encode()).hexdigest()
             if item.synopsis in seen_queries or key in seen_texts:
                 continue
             seen_queries.add(item.synopsis)

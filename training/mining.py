@@ -8,15 +8,10 @@ query verbatim (a module or class page that lists the item: a false negative, no
 from __future__ import annotations
 
 import random
-import re
 
-from .corpora import DocItem
+from .corpora import DocItem, normalized_text
 
 BM25_WORDS = 2000  # index the first words of each page: the model reads at most 512 tokens of it
-
-
-def _normalized(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().lower()
 
 
 def mine_negatives(items: list[DocItem], num_negatives: int, top_k: int = 30, seed: int = 0) -> list[list[int]]:
@@ -31,7 +26,7 @@ def mine_negatives(items: list[DocItem], num_negatives: int, top_k: int = 30, se
     if num_negatives < 0:
         raise ValueError(f"`num_negatives` must be >= 0, got {num_negatives}.")
     rng = random.Random(seed)
-    normalized = [_normalized(item.text) for item in items]
+    normalized = [normalized_text(item.text) for item in items]
     by_source: dict[str, list[int]] = {}
     for index, item in enumerate(items):
         by_source.setdefault(item.source, []).append(index)

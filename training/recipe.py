@@ -49,23 +49,28 @@ def docs_training_rows(corpus: dict[str, list[DocItem]], num_negatives: int = 1,
     return rows
 
 
+def _teacher_vectors(rows: list[dict], teacher, query_max_length: int, passage_max_length: int, batch_size: int):
+    """The teacher's unit vectors: queries [rows, D], and each row's candidates [rows, 1 + negatives, D]."""
+    import numpy as np
+
+    teacher.max_seq_length = query_max_length
+    queries = teacher.encode([r["query"] for r in rows], batch_size=batch_size, normalize_embeddings=True)
+    teacher.max_seq_length = passage_max_length
+    passages = [p for r in rows for p in [r["positive"], *r["negatives"]]]
+    encoded = teacher.encode(passages, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=True)
+    per_row = 1 + len(rows[0]["negatives"]) if rows else 0
+    return np.asarray(queries), np.asarray(encoded).reshape(len(rows), per_row, -1)
+
+
 def add_teacher_scores(rows: list[dict], teacher, query_max_length: int, passage_max_length: int,
                        batch_size: int = 32) -> list[dict]:
     """Set each row's `teacher_scores` to the teacher's cosine similarities [positive, negatives...].
 
     `teacher` is a SentenceTransformer (e.g. the untouched base); its `max_seq_length` is set per side.
     """
-    import numpy as np
-
-    teacher.max_seq_length = query_max_length
-    queries = teacher.encode([r["query"] for r in rows], batch_size=batch_size, normalize_embeddings=True)
-    passages = [p for r in rows for p in [r["positive"], *r["negatives"]]]
-    teacher.max_seq_length = passage_max_length
-    encoded = teacher.encode(passages, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=True)
-    per_row = 1 + len(rows[0]["negatives"]) if rows else 0
-    for index, row in enumerate(rows):
-        candidates = encoded[index * per_row:(index + 1) * per_row]
-        row["teacher_scores"] = [float(s) for s in np.asarray(candidates) @ np.asarray(queries[index])]
+    queries, candidates = _teacher_vectors(rows, teacher, query_max_length, passage_max_length, batch_size)
+    for row, query, row_candidates in zip(rows, queries, candidates):
+        row["teacher_scores"] = [float(s) for s in row_candidates @ query]
     return rows
 
 
@@ -78,14 +83,9 @@ def add_teacher_embeddings(rows: list[dict], teacher, query_max_length: int, pas
     """
     import numpy as np
 
-    teacher.max_seq_length = query_max_length
-    queries = teacher.encode([r["query"] for r in rows], batch_size=batch_size, normalize_embeddings=True)
-    teacher.max_seq_length = passage_max_length
-    passages = [p for r in rows for p in [r["positive"], *r["negatives"]]]
-    encoded = teacher.encode(passages, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=True)
-    per_row = 1 + len(rows[0]["negatives"]) if rows else 0
-    for index, row in enumerate(rows):
-        vectors = np.concatenate([queries[index][None], encoded[index * per_row:(index + 1) * per_row]])
+    queries, candidates = _teacher_vectors(rows, teacher, query_max_length, passage_max_length, batch_size)
+    for row, query, row_candidates in zip(rows, queries, candidates):
+        vectors = np.concatenate([query[None], row_candidates])
         row["teacher_embeddings"] = np.round(vectors.astype(np.float64), 6).tolist()
     return rows
 
