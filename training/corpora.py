@@ -122,7 +122,7 @@ STDLIB_SUBMODULES = (
 )
 OUT_OF_DOMAIN_SOURCES = ("scientific", "symbolic")
 SOURCES = TRAIN_SOURCES + OUT_OF_DOMAIN_SOURCES
-# The man pages are reserved for evaluation by others: never read, for training or evaluation.
+# The man pages are reserved: never read, neither for training nor for evaluation.
 RESERVED_DIRS = tuple(
     str(Path(d).resolve()) for d in (os.environ.get("MANPATH", "").split(os.pathsep) + ["/usr/share/man", "/usr/local/share/man"]) if d
 )
