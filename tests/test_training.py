@@ -158,7 +158,7 @@ def test_stdlib_dataset_is_split_by_module(monkeypatch):
     "field, value",
     [("lora_r", 0), ("temperature", 0.0), ("finetune", "half"), ("loss", "triplet"), ("warmup_ratio", 1.5),
      ("per_device_train_batch_size", -2), ("granularities", [32, 0]), ("splitter", "paragraph"), ("max_steps", 0),
-     ("eval_data", "mteb")],
+     ("eval_data", "mteb"), ("dropout", 1.0), ("lora_layers", [-1]), ("lora_layers", [])],
 )
 def test_bad_config_values_name_the_field(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"`{field}`"):
@@ -183,6 +183,23 @@ def test_cli_rejects_a_bad_field_value(tmp_path):
 
 
 # ---- training ---------------------------------------------------------------------------------
+
+
+def test_lora_layers_and_dropout_override(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
+    from training.finetune import load_sentence_transformer, model_family
+
+    family, backbone_type = model_family(str(minilm_lmk_checkpoint))
+    config = run_config(minilm_lmk_checkpoint, tmp_path, data=toy_jsonl, lora_layers=[4, 5], dropout=0.0)
+    st, embedder = load_sentence_transformer(config, family, backbone_type)
+    adapted = {name.split(".layer.")[1].split(".")[0] for name, p in st.named_parameters() if p.requires_grad}
+    assert adapted == {"4", "5"}
+    assert all(m.p == 0.0 for m in embedder.modules() if isinstance(m, torch.nn.Dropout))
+
+    config = run_config(minilm_lmk_checkpoint, tmp_path, data=toy_jsonl)
+    st, embedder = load_sentence_transformer(config, family, backbone_type)  # defaults: every layer, the checkpoint's dropout
+    adapted = {name.split(".layer.")[1].split(".")[0] for name, p in st.named_parameters() if p.requires_grad}
+    assert adapted == {str(i) for i in range(6)}
+    assert {m.p for m in embedder.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
 
 
 def test_loss_decreases(minilm_lmk_checkpoint, tmp_path, toy_jsonl):

@@ -43,7 +43,13 @@ class TrainConfig:
     lora_alpha: int = 16
     lora_dropout: float = 0.0
     lora_target_modules: list[str] | None = field(default=None, metadata={"help": "Default: all linear layers; in_proj for Mamba2."})
+    lora_layers: list[int] | None = field(default=None, metadata={
+        "help": "Adapt only these layer indices (peft layers_to_transform); the layers below need no backward pass."})
     save_mode: Literal["merged", "adapter"] = field(default="merged", metadata={"help": "For LoRA/QLoRA: merged full checkpoint or adapter only."})
+
+    dropout: float | None = field(default=None, metadata={
+        "help": "Set every dropout module's probability while training (default: the checkpoint's). 0 makes CPU "
+                "training at long lengths several times faster (no attention-mask sampling)."})
 
     splitter: Literal["fixed", "variable", "sentence"] | None = field(default=None, metadata={"help": "LMK: override the checkpoint's splitter."})
     granularities: list[int] | None = field(default=None, metadata={"help": "LMK: the set `variable` draws g from."})
@@ -95,6 +101,8 @@ class TrainConfig:
             raise ValueError(f"`learning_rate` must be > 0, got {self.learning_rate!r}.")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"`warmup_ratio` must be in [0, 1), got {self.warmup_ratio!r}.")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}.")
         if not 0 <= self.lora_dropout < 1:
             raise ValueError(f"`lora_dropout` must be in [0, 1), got {self.lora_dropout!r}.")
         if self.distill_weight < 0:
@@ -107,6 +115,9 @@ class TrainConfig:
         if self.granularities is not None and (not self.granularities or any(
                 isinstance(g, bool) or not isinstance(g, int) or g <= 0 for g in self.granularities)):
             raise ValueError(f"`granularities` must be a non-empty list of positive integers, got {self.granularities!r}.")
+        if self.lora_layers is not None and (not self.lora_layers or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.lora_layers)):
+            raise ValueError(f"`lora_layers` must be a non-empty list of layer indices >= 0, got {self.lora_layers!r}.")
         if self.eval_data not in (None, "stdlib", "none"):
             raise ValueError(f"`eval_data` must be 'stdlib' or none, got {self.eval_data!r}.")
         if self.max_steps == 0 or self.max_steps < -1:

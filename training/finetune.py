@@ -185,14 +185,22 @@ def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: s
     st = SentenceTransformer(config.model, trust_remote_code=True, model_kwargs=model_kwargs or None)
     embedder = st.transformers_model
     apply_overrides(embedder, config, family)
+    if config.dropout is not None:
+        for module in embedder.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = config.dropout
     if config.finetune == "qlora":
         from peft import prepare_model_for_kbit_training
 
         prepare_model_for_kbit_training(embedder, use_gradient_checkpointing=config.gradient_checkpointing)
     if config.finetune in ("lora", "qlora"):
         targets = config.lora_target_modules or lora_target_modules(backbone_type)
+        if config.lora_layers is not None and targets == "all-linear":
+            # peft accepts layers_to_transform only with a list of names: every Linear leaf name here.
+            targets = sorted({name.rsplit(".", 1)[-1] for name, module in embedder.named_modules()
+                              if isinstance(module, nn.Linear)})
         st.add_adapter(LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                                  target_modules=targets))
+                                  target_modules=targets, layers_to_transform=config.lora_layers))
     return st, embedder
 
 
