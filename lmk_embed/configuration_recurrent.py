@@ -9,6 +9,25 @@ from transformers.configuration_utils import SubConfigSpec
 SCHEDULES = ("auto", "horizontal", "vertical")
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 QUERY_TEMPLATE = "Instruct: {task}\nQuery: "
+# Backbones that live outside transformers: model_type -> (module that registers it, the extra that installs it).
+EXTERNAL_BACKBONES = {"rwkv7": ("fla.models.rwkv7", "rwkv7", "flash-linear-attention")}
+
+
+def register_external_backbone(backbone_config) -> None:
+    """Import the package that registers an external backbone's config and model with the Auto classes.
+
+    Without it, say which extra to install instead of transformers' "unrecognized model type"."""
+    model_type = backbone_config.get("model_type") if isinstance(backbone_config, dict) else None
+    if model_type not in EXTERNAL_BACKBONES:
+        return
+    module, extra, package = EXTERNAL_BACKBONES[model_type]
+    try:
+        __import__(module)
+    except ImportError as error:
+        raise ImportError(
+            f"This checkpoint's backbone is {model_type!r}, which {package} provides: install the "
+            f"`{extra}` extra (pip install 'lmk-embed[{extra}]'). Importing {module} failed: {error}"
+        ) from error
 
 
 class RecurrentEmbedConfig(PretrainedConfig):
@@ -43,6 +62,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
     base_model: str | None = None
 
     def __post_init__(self, **kwargs):
+        register_external_backbone(self.backbone_config)
         super().__post_init__(**kwargs)
         self.check()
 

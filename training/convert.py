@@ -98,10 +98,13 @@ def backbone_config_dict(backbone) -> dict:
 
 def copy_backbone_weights(target: torch.nn.Module, source: torch.nn.Module, ignore_prefixes=("pooler.",)) -> None:
     """Load `source`'s weights into `target`, failing loudly on any missing weight."""
-    result = target.load_state_dict(source.state_dict(), strict=False)
-    unexpected = [key for key in result.unexpected_keys if not key.startswith(ignore_prefixes)]
-    if result.missing_keys or unexpected:
-        raise ValueError(f"Backbone weights do not match: missing={result.missing_keys}, unexpected={unexpected}.")
+    state, expected = source.state_dict(), target.state_dict()
+    # Key sets compared here: some backbones (fla's RWKV-7) override load_state_dict and return nothing.
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(key for key in state.keys() - expected.keys() if not key.startswith(ignore_prefixes))
+    if missing or unexpected:
+        raise ValueError(f"Backbone weights do not match: missing={missing}, unexpected={unexpected}.")
+    target.load_state_dict(state, strict=False)
 
 
 def convert_to_lmk(
@@ -168,7 +171,7 @@ def convert_to_recurrent(
     state-spaces releases) is detected and mapped onto transformers' Mamba2. `tokenizer` (a folder or
     Hub id) overrides the source's own tokenizer, for releases that ship none.
     """
-    from lmk_embed.configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig
+    from lmk_embed.configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig, register_external_backbone
     from lmk_embed.modeling_recurrent import RecurrentEmbedModel
     from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
 
@@ -178,6 +181,7 @@ def convert_to_recurrent(
             check_tokenizer_present(mamba_ssm_folder, MAMBA_SSM_TOKENIZER)
         backbone = mamba2_from_mamba_ssm(mamba_ssm_folder)
     else:
+        register_external_backbone(source_config(source))  # RWKV-7 lives in flash-linear-attention
         backbone = load_source_backbone(source)
     config = RecurrentEmbedConfig(
         backbone_config=backbone_config_dict(backbone),
@@ -365,8 +369,8 @@ def check_tokenizer_present(folder: Path, release_tokenizer: str) -> None:
         )
 
 
-def find_mamba_ssm_folder(source: str | Path) -> Path | None:
-    """The local folder of a mamba_ssm-layout source (a Hub id is downloaded), or None for any other layout."""
+def source_config(source: str | Path) -> dict | None:
+    """The source's config.json as a dict (a Hub id's is downloaded), or None where there is none to read."""
     path = Path(source)
     if path.is_dir():
         config_path = path / "config.json"
@@ -376,14 +380,24 @@ def find_mamba_ssm_folder(source: str | Path) -> Path | None:
             config = json.loads(config_path.read_text())
         except json.JSONDecodeError as error:
             raise ConversionError(f"{config_path}: not valid JSON ({error}).") from None
-        return path if isinstance(config, dict) and is_mamba_ssm_layout(config) else None
-    from huggingface_hub import hf_hub_download, snapshot_download
+    else:
+        from huggingface_hub import hf_hub_download
 
-    try:
-        config = json.loads(Path(hf_hub_download(str(source), "config.json")).read_text())
-    except Exception:  # unreachable or not a repository: the transformers path reports it
+        try:
+            config = json.loads(Path(hf_hub_download(str(source), "config.json")).read_text())
+        except Exception:  # unreachable or not a repository: the transformers path reports it
+            return None
+    return config if isinstance(config, dict) else None
+
+
+def find_mamba_ssm_folder(source: str | Path) -> Path | None:
+    """The local folder of a mamba_ssm-layout source (a Hub id is downloaded), or None for any other layout."""
+    config = source_config(source)
+    if config is None or not is_mamba_ssm_layout(config):
         return None
-    if not is_mamba_ssm_layout(config):
-        return None
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+
     patterns = ["config.json", *MAMBA_SSM_WEIGHT_FILES, *TOKENIZER_FILES, "special_tokens_map.json", "merges.txt"]
     return Path(snapshot_download(str(source), allow_patterns=patterns))
