@@ -13,8 +13,9 @@ Inference schedules:
 
 For Mamba2 the vertical schedule runs a lean chunked SSD scan (`ssd_chunked`) written for
 inference in plain torch; `ssd_reference` beside it is the per-token recurrence it must equal.
-On CUDA, mamba_ssm's fused scan is used when it imports. Other backbones carry state through
-their own transformers cache.
+On CUDA, mamba_ssm's fused scan is used when it imports. RWKV-7 (flash-linear-attention's model,
+whose own forward needs Triton on a GPU) runs through the plain-torch path of `modeling_rwkv7`.
+Other backbones carry state through their own transformers cache.
 """
 
 from __future__ import annotations

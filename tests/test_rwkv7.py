@@ -231,3 +231,17 @@ def test_missing_fla_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "fla.models.rwkv7", None)  # as if flash-linear-attention were absent
     with pytest.raises(ImportError, match=r"lmk-embed\[rwkv7\]"):
         RecurrentEmbedConfig(backbone_config={"model_type": "rwkv7", "hidden_size": 32})
+
+
+@needs_fla
+def test_sentence_transformers_and_automodel_agree(rwkv7_checkpoint):
+    """The checkpoint's shipped code (modeling_rwkv7.py included) loads through both front doors."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    texts = ["How do I parse JSON?", "The json module exposes an API familiar to users of marshal. " * 2]
+    auto = AutoModel.from_pretrained(str(rwkv7_checkpoint), trust_remote_code=True)
+    st = SentenceTransformer(str(rwkv7_checkpoint), trust_remote_code=True, device="cpu")
+    a, b = auto.encode(texts), st.encode(texts)
+    assert a.shape == (2, 32) and np.abs(a - b).max() <= 1e-5
