@@ -262,8 +262,8 @@ def mamba2_config_from_mamba_ssm(config: dict, where: str = "config.json"):
     layer = ssm_cfg.get("layer", "Mamba1")  # mamba_ssm's own default when `layer` is absent
     if layer != "Mamba2":
         raise ConversionError(
-            f"{where}: `ssm_cfg.layer` is {layer!r}; only Mamba2 layers convert "
-            "(Mamba1 checkpoints load in transformers as `MambaModel`, which has no SSD state carry here)."
+            f"{where}: `ssm_cfg.layer` is {layer!r} (mamba_ssm's default when `layer` is absent is Mamba1); "
+            "only Mamba2 layers convert."
         )
     unknown = sorted(ssm_cfg.keys() - MAMBA2_DEFAULTS.keys() - MAMBA2_INIT_ONLY)
     if unknown:
