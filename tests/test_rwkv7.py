@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
+from lmk_embed.configuration_recurrent import RecurrentEmbedConfig, register_external_backbone
 
-try:
+try:  # through our registration, which undoes fla's takeover of transformers' mamba2 for the session
+    register_external_backbone({"model_type": "rwkv7"})
     import fla.models.rwkv7 as fla_rwkv7
 except ImportError as error:  # not installed, or installed without triton (fla imports it everywhere)
-    fla_rwkv7, FLA_ERROR = None, f"{type(error).__name__}: {error}"
+    fla_rwkv7, FLA_ERROR = None, f"{type(error).__name__}: {error.__cause__ or error}"
 
 needs_fla = pytest.mark.skipif(
     fla_rwkv7 is None,
@@ -245,3 +246,21 @@ def test_sentence_transformers_and_automodel_agree(rwkv7_checkpoint):
     st = SentenceTransformer(str(rwkv7_checkpoint), trust_remote_code=True, device="cpu")
     a, b = auto.encode(texts), st.encode(texts)
     assert a.shape == (2, 32) and np.abs(a - b).max() <= 1e-5
+
+
+@needs_fla
+def test_fla_does_not_take_over_transformers_mamba2(tmp_path):
+    """fla registers its own Triton-only `mamba2`; after loading RWKV-7, Mamba2 is transformers' again."""
+    from transformers import AutoConfig, Mamba2Config
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from tests.helpers import tiny_mamba2_config
+
+    import fla.models.mamba2
+
+    AutoConfig.register("mamba2", fla.models.mamba2.Mamba2Config, exist_ok=True)  # as importing fla does
+    assert CONFIG_MAPPING["mamba2"] is not Mamba2Config
+    RecurrentEmbedConfig(backbone_config=tiny_rwkv7_config().to_dict())
+    assert CONFIG_MAPPING["mamba2"] is Mamba2Config
+    config = RecurrentEmbedConfig(backbone_config=tiny_mamba2_config().to_dict())
+    assert type(config.backbone_config) is Mamba2Config
