@@ -58,9 +58,13 @@ def _check_source(source: str) -> None:
 
 def _load_source(convert, args, **options):
     """Run a converter; a source that cannot be fetched is the user's to fix, so say it in one line."""
+    from training.convert import ConversionError
+
     _check_source(args.source)
     try:
         return convert(args.source, args.output, **options)
+    except ConversionError as error:  # a source we cannot convert: the message names the file and field
+        raise UsageError(str(error)) from None
     except OSError as error:
         if Path(args.source).is_dir():
             raise
@@ -125,6 +129,10 @@ def _add_convert_recurrent(subparsers) -> None:
     parser.add_argument("--default-task", default=None, help="the instruction for queries without a task")
     parser.add_argument("--no-normalize", action="store_true")
     parser.add_argument("--base-model", default=None, help="Hub id to record as the base model (for cards)")
+    parser.add_argument(
+        "--tokenizer", default=None,
+        help="tokenizer folder or Hub id, for sources that ship none (mamba_ssm releases: EleutherAI/gpt-neox-20b)",
+    )
     parser.set_defaults(handler=_run_convert_recurrent)
 
 
@@ -134,7 +142,7 @@ def _run_convert_recurrent(args) -> int:
     path = _load_source(
         convert_to_recurrent, args, schedule=args.schedule, block_size=args.block_size, add_bos_token=args.add_bos_token,
         max_length=args.max_length, default_task=args.default_task, normalize=not args.no_normalize,
-        base_model=args.base_model,
+        base_model=args.base_model, tokenizer=args.tokenizer,
     )
     print(f"Recurrent embedder checkpoint written to {path}")
     return 0

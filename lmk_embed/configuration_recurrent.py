@@ -9,6 +9,43 @@ from transformers.configuration_utils import SubConfigSpec
 SCHEDULES = ("auto", "horizontal", "vertical")
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 QUERY_TEMPLATE = "Instruct: {task}\nQuery: "
+# Backbones that live outside transformers: model_type -> (module that registers it, the extra that installs it).
+EXTERNAL_BACKBONES = {"rwkv7": ("fla.models.rwkv7", "rwkv7", "flash-linear-attention")}
+
+
+def register_external_backbone(backbone_config) -> None:
+    """Import the package that registers an external backbone's config and model with the Auto classes.
+
+    Without it, say which extra to install instead of transformers' "unrecognized model type"."""
+    model_type = backbone_config.get("model_type") if isinstance(backbone_config, dict) else None
+    if model_type not in EXTERNAL_BACKBONES:
+        return
+    module, extra, package = EXTERNAL_BACKBONES[model_type]
+    try:
+        __import__(module)
+    except ImportError as error:
+        raise ImportError(
+            f"This checkpoint's backbone is {model_type!r}, which {package} provides: install the "
+            f"`{extra}` extra (pip install 'lmk-embed[{extra}]'). Importing {module} failed: {error}"
+        ) from error
+    restore_transformers_model_types()
+
+
+def restore_transformers_model_types() -> None:
+    """Undo external packages' overrides of transformers' own model types.
+
+    Importing any fla model imports them all, and fla registers its own `mamba2`, `mamba` and
+    `bitnet` with `exist_ok=True`: afterwards `AutoConfig` / `AutoModel` would build fla's
+    Triton-only Mamba2 for every Mamba2 checkpoint in the process. The registry is transformers'
+    `CONFIG_MAPPING._extra_content` (private, so read defensively)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    registry = getattr(CONFIG_MAPPING, "_extra_content", None)
+    if not isinstance(registry, dict):
+        return
+    for name, config_class in list(registry.items()):
+        if name in CONFIG_MAPPING_NAMES and config_class.__module__.split(".")[0] in {"fla"}:
+            del registry[name]
 
 
 class RecurrentEmbedConfig(PretrainedConfig):
@@ -43,6 +80,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
     base_model: str | None = None
 
     def __post_init__(self, **kwargs):
+        register_external_backbone(self.backbone_config)
         super().__post_init__(**kwargs)
         self.check()
 

@@ -13,8 +13,9 @@ Inference schedules:
 
 For Mamba2 the vertical schedule runs a lean chunked SSD scan (`ssd_chunked`) written for
 inference in plain torch; `ssd_reference` beside it is the per-token recurrence it must equal.
-On CUDA, mamba_ssm's fused scan is used when it imports. Other backbones carry state through
-their own transformers cache.
+On CUDA, mamba_ssm's fused scan is used when it imports. RWKV-7 (flash-linear-attention's model,
+whose own forward needs Triton on a GPU) runs through the plain-torch path of `modeling_rwkv7`.
+Other backbones carry state through their own transformers cache.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_recurrent import SCHEDULES, RecurrentEmbedConfig
 from .encoding import EncoderMixin, check_choice, check_positive_int
+from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
 from .tokenization_recurrent import RecurrentEmbedTokenizer, iter_text_file
 
 try:  # CUDA kernels, optional (the `cuda` extra)
@@ -41,7 +43,7 @@ except Exception:  # not installed, or no GPU toolchain
     mamba_chunk_scan_combined = None
 
 # Backbones whose recurrent state we can carry between blocks, and how.
-STATE_CARRIERS = {"mamba2": "mamba2", "xlstm": "cache", "rwkv": "rwkv"}
+STATE_CARRIERS = {"mamba2": "mamba2", "xlstm": "cache", "rwkv": "rwkv", "rwkv7": "rwkv7"}
 
 
 # ---- the state carried from one vertical block to the next --------------------------------------
@@ -100,7 +102,7 @@ class RwkvState:
         return RwkvState([t[rows] for t in self.tensors])
 
 
-CarriedState = Mamba2State | XlstmState | RwkvState
+CarriedState = Mamba2State | XlstmState | RwkvState | Rwkv7State
 
 
 # ---- Mamba2 SSD scan: minimal reference, then the fast chunked form ---------------------------
@@ -284,6 +286,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         super().__init__(config)
         config.check()
         self.backbone = AutoModel.from_config(config.backbone_config)
+        if self.state_carrier == "rwkv7":
+            check_rwkv7_backbone(self.backbone)
         self._tokenizer = None
         self.post_init()
 
@@ -331,6 +335,9 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         longest = int(lengths.max())
         schedule, block_size = self.resolve_schedule(schedule, block_size, longest)
         input_ids = input_ids[:, :longest]
+        if schedule == "horizontal" and self.state_carrier == "rwkv7" and not input_ids.is_cuda:
+            # fla's own RWKV-7 forward is Triton-only: off CUDA, the whole sequence is one plain-torch block.
+            schedule, block_size = "vertical", longest
         if schedule == "horizontal":
             # No cache: xLSTM would size one from its config and crash for qk_dim_factor=0.5.
             hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
@@ -365,6 +372,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         carrier = self.state_carrier
         if carrier == "mamba2":
             return self._mamba2_block(input_ids, state)
+        if carrier == "rwkv7":
+            return rwkv7_block_step(self.backbone, input_ids, state)
         if carrier == "rwkv":
             output = self.backbone(input_ids=input_ids, state=None if state is None else state.tensors, use_cache=True)
             return output.last_hidden_state, RwkvState(list(output.state))

@@ -63,4 +63,4 @@ def test_checkpoint_code_is_exactly_the_shipped_folder(checkpoint, request):
     shipped = {p.name: p.read_bytes() for p in lmk_embed.shipped_files()}
     in_checkpoint = {p.name: p.read_bytes() for p in folder.glob("*.py")}
     assert in_checkpoint == shipped
-    assert "__init__.py" not in in_checkpoint and len(shipped) == 8
+    assert "__init__.py" not in in_checkpoint and len(shipped) == 9
