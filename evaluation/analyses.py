@@ -10,6 +10,7 @@ The length curve and the granularity trade-off are `lmk-embed evaluate` runs (se
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -46,8 +47,10 @@ def attention_by_position(model, texts: Sequence[str], max_length: int = 512, bi
     masses = []
     try:
         for start in range(0, len(texts), batch_size):
-            batch = model.tokenizer(list(texts[start:start + batch_size]), pooling=pooling, granularity=granularity,
-                                    max_length=max_length, return_tensors="pt")
+            with warnings.catch_warnings():  # long inputs cut at max_length are what this analysis reads
+                warnings.filterwarnings("ignore", message=".*truncated.*")
+                batch = model.tokenizer(list(texts[start:start + batch_size]), pooling=pooling, granularity=granularity,
+                                        max_length=max_length, return_tensors="pt")
             with torch.inference_mode():
                 output = backbone(input_ids=batch["input_ids"].to(model.device),
                                   attention_mask=batch["attention_mask"].to(model.device), output_attentions=True)
@@ -85,8 +88,10 @@ def landmark_locality(model, texts: Sequence[str], k_values: Sequence[int] = (1,
 
     Landmark vectors come from one pass over each text (`output_value="landmarks"`); each chunk's
     own text (its character span) is then encoded alone as a document."""
-    out = model.encode_document(list(texts), output_value="landmarks", max_length=max_length, granularity=granularity,
-                                batch_size=batch_size, show_progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*truncated.*")
+        out = model.encode_document(list(texts), output_value="landmarks", max_length=max_length, granularity=granularity,
+                                    batch_size=batch_size, show_progress_bar=False)
     totals: dict[str, dict[int, list[bool]]] = {"left": {}, "right": {}, "either": {}}
     for text, item in zip(texts, out):
         spans = item["spans"]

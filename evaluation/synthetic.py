@@ -94,8 +94,8 @@ NEEDLES: tuple[tuple[str, str], ...] = (
 class SyntheticTask:
     """One length of a synthetic task: mteb-style dicts (query id -> text, doc id -> text, qrels).
 
-    `depths[doc_id]` is where the fact starts, as a fraction of the document's characters;
-    `facts[doc_id]` is the inserted sentence (tests check it is really there)."""
+    `depths[doc_id]` is the depth asked for (0: the start, 1: the end), as a fraction of the
+    filler's sentences; `facts[doc_id]` is the inserted sentence."""
 
     name: str
     length: int
@@ -176,7 +176,7 @@ def _documents(name: str, length: int, facts: list[str], questions: list[str], s
         doc_id = f"{name}-{length}-doc{i:03d}"
         documents[doc_id] = text
         task_facts[doc_id] = fact
-        task_depths[doc_id] = text.index(fact) / max(len(text), 1)
+        task_depths[doc_id] = depth
     order = list(documents)
     rng.shuffle(order)
     queries, relevant = {}, {}
