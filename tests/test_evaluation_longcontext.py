@@ -211,13 +211,15 @@ def small_pages(monkeypatch):
     monkeypatch.setattr(cli, "_stdlib_pages", lambda: pages)
 
 
-def test_evaluate_command_writes_json_table_and_plots(lmk_checkpoint, tmp_path, small_pages):
+def test_evaluate_command_writes_json_table_plots_and_card_records(lmk_checkpoint, tmp_path, small_pages):
+    import shutil
+
     import cli
 
-    out = tmp_path / "out"
+    out, checkpoint = tmp_path / "out", shutil.copytree(lmk_checkpoint, tmp_path / lmk_checkpoint.name)
     status = cli.main([
-        "evaluate", str(lmk_checkpoint), "bm25", "--task", "passkey", "needle", "stdlib", "--max-lengths", "64", "128",
-        "--queries", "4", "--documents", "8", "--multi-vector", "--out", str(out),
+        "evaluate", str(checkpoint), "bm25", "--task", "passkey", "needle", "stdlib", "--max-lengths", "64", "128",
+        "--queries", "4", "--documents", "8", "--multi-vector", "--out", str(out), "--record",
     ])
     assert status == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
@@ -228,6 +230,8 @@ def test_evaluate_command_writes_json_table_and_plots(lmk_checkpoint, tmp_path, 
     assert all(r["vectors_per_document"] > 1 for r in rows if "multi-vector" in r["model"])
     assert (out / "results_ndcg_at_1.png").stat().st_size > 0 and "mean" in (out / "results.txt").read_text()
     assert any((out / "cache").glob("*.npz"))
+    recorded = json.loads((checkpoint / "eval_results.json").read_text())
+    assert len(recorded["results"]) == 6 and {b["model"] for b in recorded["baselines"]} >= {"BM25"}
 
 
 def test_evaluate_reads_a_beir_folder_and_names_a_bad_task(tmp_path, capsys):
