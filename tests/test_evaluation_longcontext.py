@@ -260,3 +260,14 @@ def test_analyze_commands_write_png_and_json(lmk_checkpoint, tmp_path, small_pag
     result = json.loads((out / f"{analysis}.json").read_text())
     assert len(result) == (2 if analysis == "attention" else 1)
     assert (out / f"{analysis}.png").stat().st_size > 0
+
+
+def test_evaluate_runs_a_recurrent_checkpoint_with_the_vertical_schedule(mamba2_checkpoint, tmp_path):
+    import cli
+
+    out = tmp_path / "recurrent"
+    assert cli.main(["evaluate", str(mamba2_checkpoint), "--task", "passkey", "--max-lengths", "32", "96", "--queries", "2",
+                     "--documents", "4", "--schedule", "vertical", "--out", str(out), "--no-cache"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [(r["max_length"], r["effective_max_length"]) for r in data["rows"]] == [(32, 32), (96, 96)]
+    assert data["settings"]["schedule"] == "vertical" and not (out / "cache").exists()
