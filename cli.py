@@ -280,7 +280,8 @@ def _add_evaluate(subparsers) -> None:
                         help="LMK models: also score by max over landmarks, and the max+mean hybrid")
     parser.add_argument("--granularities", type=_positive_int, nargs="+", default=None,
                         help="LMK models: one row per inference granularity g (the granularity trade-off)")
-    parser.add_argument("--schedule", default=None, help="recurrent models: horizontal, vertical or auto")
+    parser.add_argument("--schedule", default=None, choices=("horizontal", "vertical", "auto"),
+                        help="recurrent models: the inference schedule (default: the checkpoint's)")
     parser.add_argument("--queries", type=_positive_int, default=50, help="synthetic tasks: queries per length")
     parser.add_argument("--documents", type=_positive_int, default=100, help="synthetic tasks: candidates per length")
     parser.add_argument("--seed", type=int, default=0)
