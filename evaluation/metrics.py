@@ -19,6 +19,8 @@ def score_run(run: Mapping[str, Mapping[str, float]], relevant: Mapping[str, Map
     """mteb's scores for `run` (query id -> {doc id: score}) against `relevant` (the qrels).
 
     Returns {"ndcg_at_1", "ndcg_at_10", "recall_at_1", "recall_at_10", "mrr_at_10", ...}."""
+    # Private module: mteb has no public entry point that scores a ready-made run, and going through
+    # it keeps one scorer for every number (tests compare it with a full `mteb.evaluate`).
     from mteb._evaluators.retrieval_metrics import calculate_retrieval_scores, make_score_dict
 
     result = calculate_retrieval_scores(dict(run), dict(relevant), list(k_values))
