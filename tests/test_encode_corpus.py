@@ -1,0 +1,195 @@
+"""encode-corpus: shards equal the checkpoint's own encode(), in input order; reruns resume;
+changed settings and bad inputs are refused with the file, line and field named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from corpus import CorpusInputError, CorpusSettingsError, encode_corpus
+from corpus.shards import file_sha256
+from tests.helpers import REPO_ROOT
+
+SHARD_SIZE = 64  # 200 rows: shards of 64, 64, 64, 8
+
+
+def corpus_texts(count: int = 200) -> list[str]:
+    """Deterministic texts of 3..122 words cut from a stdlib page, with a blank and an empty one."""
+    import json as json_module
+    import pydoc
+
+    words = pydoc.render_doc(json_module, renderer=pydoc.plaintext).split()
+    texts = [" ".join(words[(i * 13) % len(words) :][: 3 + (i * 37) % 120]) for i in range(count)]
+    texts[5], texts[77] = "", "   "
+    return texts
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return corpus_texts()
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory, texts):
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "docs.jsonl",
+                       [{"id": f"doc-{i:03d}", "text": t} for i, t in enumerate(texts)])
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory, lmk_checkpoint, jsonl):
+    """An uninterrupted local run with one worker: (output_dir, summary)."""
+    out = tmp_path_factory.mktemp("clean") / "out"
+    summary = encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=SHARD_SIZE, batch_size=16,
+                            show_progress_bar=False)
+    return out, summary
+
+
+def read_output(out: Path) -> tuple[list, np.ndarray]:
+    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    return table["id"].to_pylist(), np.asarray(table["embedding"].to_pylist(), dtype=np.float32)
+
+
+def test_shards_equal_encode_in_input_order(clean_run, lmk_model, texts):
+    out, summary = clean_run
+    ids, vectors = read_output(out)
+    assert ids == [f"doc-{i:03d}" for i in range(len(texts))]
+    expected = lmk_model.encode(texts, batch_size=16)
+    assert vectors.shape == expected.shape
+    np.testing.assert_allclose(vectors, expected, atol=1e-5, rtol=0)
+    assert summary["rows"] == len(texts) and summary["empty"] == 2
+
+
+def test_readback_with_datasets(clean_run, lmk_model, texts):
+    import datasets
+
+    out, _ = clean_run
+    loaded = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in out.glob("part-*.parquet")),
+                                   split="train", cache_dir=str(out.parent / "hf-datasets"))
+    assert loaded["id"][:3] == ["doc-000", "doc-001", "doc-002"]
+    np.testing.assert_allclose(np.asarray(loaded["embedding"][:20]), lmk_model.encode(texts[:20]), atol=1e-5)
+
+
+def test_manifest_describes_the_shards(clean_run, lmk_checkpoint, texts):
+    out, summary = clean_run
+    manifest = json.loads((out / "manifest.json").read_text())
+    files = sorted(p.name for p in out.glob("part-*.parquet"))
+    assert files == [f"part-{k:05d}.parquet" for k in range(4)]
+    assert [s["file"] for s in manifest["shards"]] == files
+    assert [s["rows"] for s in manifest["shards"]] == [64, 64, 64, 8]
+    for shard in manifest["shards"]:
+        assert shard["sha256"] == file_sha256(out / shard["file"])
+        assert pq.ParquetFile(out / shard["file"]).metadata.num_rows == shard["rows"]
+    assert manifest["complete"] and manifest["num_shards"] == 4 and manifest["dimension"] == 32
+    assert manifest["model"]["sha256"].startswith("sha256:")
+    assert manifest["settings"]["shard_size"] == SHARD_SIZE and manifest["settings"]["text_field"] == "text"
+    assert manifest["counts"] == {k: summary[k] for k in ("rows", "truncated", "empty", "tokens")}
+    assert list(os.listdir(out)) and not [n for n in os.listdir(out) if ".tmp-" in n]
+
+
+def test_rerun_keeps_every_complete_shard(clean_run, lmk_checkpoint, jsonl):
+    out, _ = clean_run
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
+    summary = encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=SHARD_SIZE, batch_size=8,
+                            show_progress_bar=False)  # batch size is not a setting
+    assert summary["shards_skipped"] == 4 and summary["shards_written"] == 0
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")} == before
+
+
+def test_changed_settings_are_refused_with_the_reason(clean_run, lmk_checkpoint, jsonl):
+    out, _ = clean_run
+    with pytest.raises(CorpusSettingsError, match=r"max_length: None -> 64"):
+        encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=SHARD_SIZE, max_length=64,
+                      show_progress_bar=False)
+    with pytest.raises(CorpusSettingsError, match=r"shard_size: 64 -> 50"):
+        encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=50, show_progress_bar=False)
+
+
+def test_damaged_shard_is_redone(tmp_path, clean_run, lmk_checkpoint, jsonl):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(clean_run[0], out)
+    (out / "part-00001.parquet").write_bytes(b"not parquet")
+    (out / "part-00002.parquet.tmp-123").write_bytes(b"half a shard")
+    summary = encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=SHARD_SIZE, show_progress_bar=False)
+    assert summary["shards_written"] == 1 and not (out / "part-00002.parquet.tmp-123").exists()
+    assert read_output(out)[0] == read_output(clean_run[0])[0]
+    np.testing.assert_allclose(read_output(out)[1], read_output(clean_run[0])[1], atol=1e-6)
+
+
+def test_two_local_workers_equal_one(tmp_path, clean_run, lmk_checkpoint, jsonl):
+    out = tmp_path / "out"
+    summary = encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=SHARD_SIZE, batch_size=16,
+                            num_workers=2, show_progress_bar=False)
+    assert summary == clean_run[1]
+    ids, vectors = read_output(out)
+    clean_ids, clean_vectors = read_output(clean_run[0])
+    assert ids == clean_ids
+    np.testing.assert_allclose(vectors, clean_vectors, atol=1e-6, rtol=0)
+    manifest, clean = (json.loads((d / "manifest.json").read_text()) for d in (out, clean_run[0]))
+    assert manifest["settings"] == clean["settings"]
+    assert [s["rows"] for s in manifest["shards"]] == [s["rows"] for s in clean["shards"]]
+
+
+# A run that stops for good inside shard 2: shards 0 and 1 are complete, shard 2 is half-written.
+_HANGING_RUN = """
+import sys, time
+import corpus.worker as worker
+from corpus import encode_corpus
+
+real = worker.write_shard
+def write_shard(output_dir, index, table, counts):
+    if index == 2:
+        (output_dir_path := __import__("pathlib").Path(output_dir)).joinpath("part-00002.parquet.tmp-1").write_bytes(b"PAR1")
+        print("HANGING", flush=True)
+        time.sleep(600)
+    return real(output_dir, index, table, counts)
+worker.write_shard = write_shard
+encode_corpus(sys.argv[1], sys.argv[2], sys.argv[3], shard_size=64, batch_size=16, show_progress_bar=False)
+"""
+
+
+def test_sigkill_loses_only_the_shard_in_flight(tmp_path, clean_run, lmk_checkpoint, jsonl):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HANGING_RUN), str(lmk_checkpoint), str(jsonl),
+                                str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        line = process.stdout.readline()  # blocks until the run hangs inside shard 2
+        assert line.strip() == "HANGING", process.stderr.read()
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    kept = {p.name: (p.stat().st_mtime_ns, file_sha256(p)) for p in out.glob("part-*.parquet")}
+    assert sorted(kept) == ["part-00000.parquet", "part-00001.parquet"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not manifest["complete"] and [s["index"] for s in manifest["shards"]] == [0, 1]
+
+    summary = encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=SHARD_SIZE, batch_size=16,
+                            show_progress_bar=False)
+    assert summary["shards_skipped"] == 2 and summary["shards_written"] == 2
+    for name, stamp in kept.items():  # complete shards were kept, not rewritten
+        assert ((out / name).stat().st_mtime_ns, file_sha256(out / name)) == stamp
+    assert not list(out.glob("*.tmp-*"))
+    ids, vectors = read_output(out)
+    clean_ids, clean_vectors = read_output(clean_run[0])
+    assert ids == clean_ids
+    np.testing.assert_allclose(vectors, clean_vectors, atol=1e-6, rtol=0)
+    assert summary == {**clean_run[1], "shards_skipped": 2, "shards_written": 2}
