@@ -3,7 +3,7 @@
 INPUT is a glob of jsonl, csv or parquet files, or a folder written by `datasets`'
 `save_to_disk`. A row is `(id, text)`, read from `id_field` and `text_field`. Every problem is
 a `CorpusInputError` that names the file, the line (jsonl, csv) or row (parquet, datasets) and
-the field. Rows are numbered globally in input order (files sorted by name); shards are ranges
+the field. csv values are strings (ids too); jsonl, parquet and datasets keep integer ids. Rows are numbered globally in input order (files sorted by name); shards are ranges
 of these numbers.
 """
 

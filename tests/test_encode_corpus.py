@@ -193,3 +193,153 @@ def test_sigkill_loses_only_the_shard_in_flight(tmp_path, clean_run, lmk_checkpo
     assert ids == clean_ids
     np.testing.assert_allclose(vectors, clean_vectors, atol=1e-6, rtol=0)
     assert summary == {**clean_run[1], "shards_skipped": 2, "shards_written": 2}
+
+
+# ---- bad inputs: named file, line and field; nothing is encoded ---------------------------------
+
+
+def _bad_jsonl(path: Path, bad_line: str) -> Path:
+    path.write_text('{"id": "a", "text": "fine"}\n' + bad_line + "\n" + '{"id": "c", "text": "fine"}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        ('{"id": "b", "body": "no text field"}', r"docs\.jsonl, line 2: field 'text' \(--text-field\) is missing"),
+        ('{"text": "no id"}', r"docs\.jsonl, line 2: field 'id' \(--id-field\) is missing"),
+        ('{"id": "b", "text": null}', r"docs\.jsonl, line 2: field 'text' \(--text-field\) is null"),
+        ('{"id": "b", "text": 17}', r"docs\.jsonl, line 2: field 'text' must be a string, got int"),
+        ('{"id": 2, "text": "int id after a str id"}', r"docs\.jsonl, line 2: field 'id' is int but the first row"),
+        ('{"id": "b", "text": "unterminated', r"docs\.jsonl, line 2: not valid JSON"),
+        ('["a", "list"]', r"docs\.jsonl, line 2: expected an object with fields, got list"),
+    ],
+)
+def test_bad_jsonl_row_names_file_line_and_field(tmp_path, lmk_checkpoint, bad_line, message):
+    source = _bad_jsonl(tmp_path / "docs.jsonl", bad_line)
+    with pytest.raises(CorpusInputError, match=message):
+        encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out", show_progress_bar=False)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_unreadable_inputs_are_named(tmp_path, lmk_checkpoint):
+    run = lambda source: encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out", show_progress_bar=False)  # noqa: E731
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "caf\xe9"}\n')
+    with pytest.raises(CorpusInputError, match=r"latin1\.jsonl, line 2: not UTF-8"):
+        run(tmp_path / "latin1.jsonl")
+    (tmp_path / "broken.parquet").write_bytes(b"not a parquet file")
+    with pytest.raises(CorpusInputError, match=r"broken\.parquet: cannot read as parquet"):
+        run(tmp_path / "broken.parquet")
+    (tmp_path / "notes.txt").write_text("plain text")
+    with pytest.raises(CorpusInputError, match=r"notes\.txt: unknown format '\.txt'"):
+        run(tmp_path / "notes.txt")
+    with pytest.raises(CorpusInputError, match=r"matches no file"):
+        run(tmp_path / "missing-*.jsonl")
+
+
+def test_csv_missing_column_and_short_row(tmp_path, lmk_checkpoint):
+    run = lambda source: encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out", show_progress_bar=False)  # noqa: E731
+    (tmp_path / "a.csv").write_text("id,body\n1,hello\n")
+    with pytest.raises(CorpusInputError, match=r"a\.csv, line 2: field 'text' \(--text-field\) is missing"):
+        run(tmp_path / "a.csv")
+    # A quoted newline makes the second row start on line 4.
+    (tmp_path / "b.csv").write_text('id,text\n1,"two\nlines"\n2\n')
+    with pytest.raises(CorpusInputError, match=r"b\.csv, line 4: field 'text' \(--text-field\) is missing"):
+        run(tmp_path / "b.csv")
+
+
+def test_output_dir_of_something_else_is_refused(tmp_path, lmk_checkpoint, jsonl):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep-me.txt").write_text("not ours")
+    with pytest.raises(CorpusSettingsError, match=r"is not empty and has no manifest\.json"):
+        encode_corpus(str(lmk_checkpoint), str(jsonl), tmp_path / "out", show_progress_bar=False)
+
+
+def test_cli_reports_bad_input_in_one_line(tmp_path, lmk_checkpoint, capsys):
+    import cli
+
+    source = _bad_jsonl(tmp_path / "docs.jsonl", '{"id": "b", "text": 17}')
+    code = cli.main(["encode-corpus", str(lmk_checkpoint), str(source), str(tmp_path / "out"), "--no-progress"])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert error.startswith("lmk-embed encode-corpus: error: ") and "docs.jsonl, line 2: field 'text'" in error
+    assert len(error.strip().splitlines()) == 1
+
+
+# ---- the other input formats, the other family, landmarks, truncation, float16 -------------------
+
+
+def _write_format(folder: Path, kind: str, ids: list, texts: list[str]) -> str:
+    """The same rows as csv, parquet or a saved `datasets` dataset; returns INPUT."""
+    import datasets
+
+    dataset = datasets.Dataset.from_dict({"id": ids, "text": texts})
+    if kind == "csv":
+        half = len(ids) // 2  # two files: a glob, read in name order
+        dataset.select(range(half)).to_csv(folder / "a.csv", index=False)
+        dataset.select(range(half, len(ids))).to_csv(folder / "b.csv", index=False)
+        return str(folder / "*.csv")
+    if kind == "parquet":
+        dataset.to_parquet(folder / "rows.parquet")
+        return str(folder / "rows.parquet")
+    dataset.save_to_disk(folder / "saved")
+    return str(folder / "saved")
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet", "datasets"])
+def test_other_formats_give_the_same_vectors(tmp_path, lmk_checkpoint, lmk_model, texts, kind):
+    rows = [t for t in texts[:30] if t.strip()]  # a csv cell holds no blank text unquoted
+    ids = list(range(100, 100 + len(rows)))
+    source = _write_format(tmp_path, kind, ids, rows)
+    encode_corpus(str(lmk_checkpoint), source, tmp_path / "out", shard_size=12, batch_size=8, show_progress_bar=False)
+    got_ids, vectors = read_output(tmp_path / "out")
+    assert got_ids == ([str(i) for i in ids] if kind == "csv" else ids)  # csv has no types: ids are strings
+    np.testing.assert_allclose(vectors, lmk_model.encode(rows, batch_size=8), atol=1e-5, rtol=0)
+
+
+def test_dataset_dict_asks_for_a_split(tmp_path, lmk_checkpoint):
+    import datasets
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"id": ["a"], "text": ["b"]})}).save_to_disk(tmp_path / "dd")
+    with pytest.raises(CorpusInputError, match=r"holds the splits \['train'\]; give one split's folder"):
+        encode_corpus(str(lmk_checkpoint), str(tmp_path / "dd"), tmp_path / "out", show_progress_bar=False)
+
+
+def test_recurrent_checkpoint(tmp_path, mamba2_checkpoint, texts):
+    from lmk_embed import RecurrentEmbedModel
+
+    rows = texts[:24]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"id": i, "text": t} for i, t in enumerate(rows)])
+    encode_corpus(str(mamba2_checkpoint), str(source), tmp_path / "out", shard_size=10, batch_size=4,
+                  show_progress_bar=False)
+    model = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint).eval()
+    ids, vectors = read_output(tmp_path / "out")
+    assert ids == list(range(24))
+    np.testing.assert_allclose(vectors, model.encode(rows, batch_size=4), atol=1e-5, rtol=0)
+
+
+def test_landmarks_and_float16(tmp_path, lmk_checkpoint, lmk_model, texts):
+    rows = texts[:12]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(rows)])
+    encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out", shard_size=5, batch_size=4,
+                  output_value="landmarks", dtype="float16", show_progress_bar=False)
+    table = pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet")))
+    assert str(table.schema.field("embedding").type) == "fixed_size_list<element: halffloat>[32]"
+    expected = lmk_model.encode(rows, output_value="landmarks")
+    np.testing.assert_allclose(np.asarray(table["embedding"].to_pylist(), dtype=np.float32),
+                               lmk_model.encode(rows), atol=2e-3)  # float16 storage
+    for row, item in enumerate(expected):
+        vectors = np.asarray(table["landmarks"][row].as_py(), dtype=np.float32)
+        np.testing.assert_allclose(vectors, item["embeddings"], atol=2e-3)
+        assert [tuple(span) for span in table["landmark_spans"][row].as_py()] == [tuple(s) for s in item["spans"]]
+
+
+def test_truncated_texts_are_counted(tmp_path, lmk_checkpoint, lmk_model, texts):
+    rows = texts[:40]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(rows)])
+    summary = encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out", shard_size=16, max_length=48,
+                            show_progress_bar=False)
+    expected = int(lmk_model.tokenizer.build_layout(rows, max_length=48).truncated.sum())
+    assert 0 < expected < len(rows)
+    assert summary["truncated"] == expected and summary["rows"] == 40
+    np.testing.assert_allclose(read_output(tmp_path / "out")[1], lmk_model.encode(rows, max_length=48), atol=1e-5)
