@@ -111,7 +111,8 @@ def run_ray(job: dict, pending: list[dict], num_workers: int, on_done, on_progre
     except ImportError:
         raise ImportError("--engine ray needs Ray: pip install 'lmk-embed[scale]'") from None
 
-    if not ray.is_initialized():
+    started_here = not ray.is_initialized()
+    if started_here:
         if address:
             ray.init(address=address)  # an existing cluster: lmk-embed must be installed on its nodes
         else:
@@ -119,18 +120,22 @@ def run_ray(job: dict, pending: list[dict], num_workers: int, on_done, on_progre
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
             ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    threads = max(1, cpus // num_workers) if not gpus_per_worker else None
-    dataset = ray.data.from_items([{"shard": json.dumps(shard)} for shard in pending])
-    encoded = dataset.map_batches(
-        ShardEncoder,
-        fn_constructor_kwargs={"job": job, "device": "cuda" if gpus_per_worker else None, "num_threads": threads},
-        batch_size=1,  # one shard per call: a shard is written, and reported, as soon as it is done
-        concurrency=num_workers,
-        num_gpus=gpus_per_worker,
-        num_cpus=threads or 1,
-    )
-    for row in encoded.iter_rows():
-        record = json.loads(row["record"])
-        on_progress(record["rows"], record["tokens"])
-        on_done(record)
+    try:
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        threads = max(1, cpus // num_workers) if not gpus_per_worker else None
+        dataset = ray.data.from_items([{"shard": json.dumps(shard)} for shard in pending])
+        encoded = dataset.map_batches(
+            ShardEncoder,
+            fn_constructor_kwargs={"job": job, "device": "cuda" if gpus_per_worker else None, "num_threads": threads},
+            batch_size=1,  # one shard per call: a shard is written, and reported, as soon as it is done
+            concurrency=num_workers,
+            num_gpus=gpus_per_worker,
+            num_cpus=threads or 1,
+        )
+        for row in encoded.iter_rows():
+            record = json.loads(row["record"])
+            on_progress(record["rows"], record["tokens"])
+            on_done(record)
+    finally:
+        if started_here:  # a cluster we attached to, or one the caller started, stays up
+            ray.shutdown()
