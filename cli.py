@@ -269,6 +269,8 @@ def _add_encode_corpus(subparsers) -> None:
     parser.add_argument("output_dir", help="folder for part-NNNNN.parquet shards and manifest.json")
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--id-field", default="id")
+    parser.add_argument("--path-field", default=None, help="rows name a UTF-8 text file in this field instead of holding "
+                        "the text (relative to the input file's folder); recurrent models stream it")
     parser.add_argument("--batch-size", type=_positive_int, default=32)
     parser.add_argument("--max-length", type=_positive_int, default=None)
     parser.add_argument("--prompt-name", default="document", choices=["document", "query"])
@@ -290,6 +292,7 @@ def _run_encode_corpus(args) -> int:
     try:
         summary = encode_corpus(
             args.model, args.input, args.output_dir, text_field=args.text_field, id_field=args.id_field,
+            path_field=args.path_field,
             batch_size=args.batch_size, max_length=args.max_length, prompt_name=args.prompt_name,
             output_value=args.output_value, engine=args.engine, num_workers=args.num_workers,
             shard_size=args.shard_size, dtype=args.dtype, ray_address=args.ray_address,

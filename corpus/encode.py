@@ -101,6 +101,7 @@ def encode_corpus(
     *,
     text_field: str = "text",
     id_field: str = "id",
+    path_field: str | None = None,
     batch_size: int = 32,
     max_length: int | None = None,
     prompt_name: str = "document",
@@ -115,6 +116,8 @@ def encode_corpus(
 ) -> dict:
     """Embed every row of `input` with `model`'s own `encode()` into parquet shards in `output_dir`.
 
+    With `path_field`, each row names a UTF-8 text file (relative to its input file's folder)
+    instead of holding the text; recurrent models stream it (flat memory in its length).
     Shard k holds input rows [k * shard_size, (k + 1) * shard_size) in input order, as columns
     `id`, `embedding` (fixed_size_list<dtype>[D]) and, for `output_value="landmarks"`,
     `landmarks` (list of [D] vectors per row) and `landmark_spans` (their [start, end) characters).
@@ -133,19 +136,22 @@ def encode_corpus(
     _choice("output_value", output_value, OUTPUT_VALUES)
     _choice("dtype", dtype, DTYPES)
     _choice("prompt_name", prompt_name, PROMPT_NAMES)
-    for name, value in (("text_field", text_field), ("id_field", id_field)):
+    for name, value in (("text_field", text_field), ("id_field", id_field), ("path_field", path_field)):
+        if name == "path_field" and value is None:
+            continue
         if not isinstance(value, str) or not value:
             raise ValueError(f"`{name}` must be a non-empty string, got {value!r}")
 
     output_dir = Path(output_dir)
     manifest = _check_output_dir(output_dir)
     sources = resolve_sources(input)
-    found = check_sources(sources, text_field, id_field)
+    found = check_sources(sources, text_field, id_field, path_field)
     identity, folder = describe_model(model)
     settings = {
         "model": {k: v for k, v in identity.items() if k != "source"},
         "input": [{"fingerprint": s.fingerprint, "rows": s.rows} for s in sources],
-        "text_field": text_field, "id_field": id_field, "max_length": max_length, "prompt_name": prompt_name,
+        "text_field": None if path_field else text_field, "path_field": path_field, "id_field": id_field,
+        "max_length": max_length, "prompt_name": prompt_name,
         "prompt": _prompt(folder, prompt_name), "output_value": output_value, "shard_size": shard_size, "dtype": dtype,
     }
     if manifest is not None:

@@ -5,8 +5,8 @@ so `encode_corpus` keeps the manifest current whichever engine runs.
   one queue. One device per worker where GPUs exist; otherwise the CPU threads are split among
   the workers (N processes each using every core would oversubscribe). One worker runs here, in
   this process.
-- `ray`: Ray Data `map_batches` with `ShardEncoder` as a callable class (one actor, one model
-  copy, per worker), on an existing cluster (`address`) or a local one.
+- `ray`: Ray Data `map_batches` with `ShardEncoder` as a callable class on an actor pool of N
+  (one actor, one model copy, per worker), on an existing cluster (`address`) or a local one.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def run_ray(job: dict, pending: list[dict], num_workers: int, on_done, on_progre
             ShardEncoder,
             fn_constructor_kwargs={"job": job, "device": "cuda" if gpus_per_worker else None, "num_threads": threads},
             batch_size=1,  # one shard per call: a shard is written, and reported, as soon as it is done
-            concurrency=num_workers,
+            compute=ray.data.ActorPoolStrategy(size=num_workers),
             num_gpus=gpus_per_worker,
             num_cpus=threads or 1,
         )

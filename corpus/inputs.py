@@ -58,11 +58,18 @@ def resolve_sources(spec: str) -> list[Source]:
     return sources
 
 
-def _check_row(source: Source, where: str, row, text_field: str, id_field: str) -> tuple[object, str]:
-    """(id, text) of one row, or a CorpusInputError naming the file, `where` (line/row) and field."""
+def _check_row(source: Source, where: str, row, text_field: str, id_field: str, path_field: str | None = None):
+    """(id, text) of one row, or a CorpusInputError naming the file, `where` (line/row) and field.
+
+    With `path_field`, the row names a UTF-8 text file (relative to the input file's folder) and
+    the text is that file, returned as a `pathlib.Path` (streamed by models that can stream).
+    """
     if not isinstance(row, dict):
         raise CorpusInputError(f"{source.path}, {where}: expected an object with fields, got {type(row).__name__}")
-    for field, flag in ((id_field, "--id-field"), (text_field, "--text-field")):
+    if path_field is not None:
+        text_field = path_field
+    flags = {id_field: "--id-field", text_field: "--path-field" if path_field else "--text-field"}
+    for field, flag in flags.items():
         if row.get(field) is None:
             state = "is null" if field in row else "is missing"
             raise CorpusInputError(f"{source.path}, {where}: field {field!r} ({flag}) {state}; "
@@ -71,6 +78,13 @@ def _check_row(source: Source, where: str, row, text_field: str, id_field: str) 
     if not isinstance(text, str):
         raise CorpusInputError(f"{source.path}, {where}: field {text_field!r} must be a string, "
                                f"got {type(text).__name__} {text!r:.60}")
+    if path_field is not None:
+        folder = source.path if source.format == "datasets" else os.path.dirname(source.path)
+        path = Path(folder, text)
+        if not path.is_file():
+            raise CorpusInputError(f"{source.path}, {where}: field {path_field!r} names {text!r}, which is not a file "
+                                   f"(paths are relative to {folder or '.'!r})")
+        text = path
     if isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
         raise CorpusInputError(f"{source.path}, {where}: field {id_field!r} must be a string or an integer, "
                                f"got {type(row_id).__name__} {row_id!r:.60}")
@@ -157,10 +171,11 @@ def load_saved_dataset(path: str):
     return loaded
 
 
-def iter_source(source: Source, text_field: str, id_field: str, skip: int = 0) -> Iterator[tuple[str, object, str]]:
+def iter_source(source: Source, text_field: str, id_field: str, skip: int = 0,
+                path_field: str | None = None) -> Iterator[tuple[str, object, str]]:
     """(where, id, text) of every row of `source` from row `skip` on, each checked; `where` is
     "line N" (jsonl, csv) or "row N" (parquet, datasets)."""
-    columns = [id_field, text_field]
+    columns = [id_field, path_field or text_field]
     if source.format == "jsonl":
         rows = _jsonl_rows(source)
     elif source.format == "csv":
@@ -177,20 +192,34 @@ def iter_source(source: Source, text_field: str, id_field: str, skip: int = 0) -
             position += 1
         if position <= skip:
             continue  # jsonl and csv lines are counted, not parsed as rows of the shard
-        yield (where, *_check_row(source, where, row, text_field, id_field))
+        yield (where, *_check_row(source, where, row, text_field, id_field, path_field))
 
 
-def _fingerprint(source: Source) -> str:
-    if source.format == "datasets":
-        return "datasets:" + load_saved_dataset(source.path)._fingerprint
-    digest = hashlib.sha256()
-    with open(source.path, "rb") as handle:
+def _update(digest, path) -> None:
+    with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return "sha256:" + digest.hexdigest()
 
 
-def check_sources(sources: list[Source], text_field: str, id_field: str) -> dict:
+def _fingerprint(source: Source, referenced=None) -> str:
+    """sha256 of the file (or the dataset's own fingerprint), plus that of the text files its rows
+    name (`referenced`: their digest), so that a changed document is a changed input."""
+    if source.format == "datasets":
+        own = "datasets:" + load_saved_dataset(source.path)._fingerprint
+    else:
+        digest = hashlib.sha256()
+        _update(digest, source.path)
+        own = "sha256:" + digest.hexdigest()
+    return own if referenced is None else f"{own}+files:{referenced.hexdigest()}"
+
+
+def is_blank_file(path: Path) -> bool:
+    """An empty text file, or a small one of whitespace only (large files are not read for this)."""
+    size = path.stat().st_size
+    return size == 0 or (size <= 1 << 20 and not path.read_bytes().decode("utf-8", "replace").strip())
+
+
+def check_sources(sources: list[Source], text_field: str, id_field: str, path_field: str | None = None) -> dict:
     """Read every row once: check it, count rows per source, and fingerprint each source.
 
     Returns {"rows": N, "empty": rows whose text is blank, "id_type": "str" | "int"}. Mixed id types
@@ -200,8 +229,9 @@ def check_sources(sources: list[Source], text_field: str, id_field: str) -> dict
     id_type = None
     for source in sources:
         source.rows = 0
+        referenced = hashlib.sha256() if path_field else None
         try:
-            for where, row_id, text in iter_source(source, text_field, id_field):
+            for where, row_id, text in iter_source(source, text_field, id_field, path_field=path_field):
                 kind = "int" if isinstance(row_id, int) else "str"
                 if id_type is None:
                     id_type, first = kind, f"{source.path}, {where}"
@@ -209,24 +239,34 @@ def check_sources(sources: list[Source], text_field: str, id_field: str) -> dict
                     raise CorpusInputError(
                         f"{source.path}, {where}: field {id_field!r} is {kind} but the first row ({first}) has "
                         f"{id_type}; ids must all be strings or all integers")
-                empty += not text.strip()
+                if isinstance(text, Path):
+                    try:
+                        _update(referenced, text)
+                    except OSError as error:
+                        raise CorpusInputError(f"{source.path}, {where}: cannot read {str(text)!r} "
+                                               f"({error.strerror or error})") from None
+                    empty += is_blank_file(text)
+                else:
+                    empty += not text.strip()
                 source.rows += 1
         except OSError as error:
             raise CorpusInputError(f"{source.path}: cannot read the file ({error.strerror or error})") from None
-        source.fingerprint = _fingerprint(source)
+        source.fingerprint = _fingerprint(source, referenced)
         total += source.rows
     return {"rows": total, "empty": empty, "id_type": id_type or "str"}
 
 
-def read_range(sources: list[Source], start: int, stop: int, text_field: str, id_field: str) -> tuple[list, list[str]]:
-    """(ids, texts) of global rows [start, stop), in input order."""
+def read_range(sources: list[Source], start: int, stop: int, text_field: str, id_field: str,
+               path_field: str | None = None) -> tuple[list, list]:
+    """(ids, texts) of global rows [start, stop), in input order; texts are `Path`s with `path_field`."""
     ids, texts = [], []
     offset = 0
     for source in sources:
         if offset + source.rows <= start:
             offset += source.rows
             continue
-        for _, row_id, text in iter_source(source, text_field, id_field, skip=max(start - offset, 0)):
+        for _, row_id, text in iter_source(source, text_field, id_field, skip=max(start - offset, 0),
+                                           path_field=path_field):
             if len(ids) == stop - start:
                 break
             ids.append(row_id)

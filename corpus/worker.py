@@ -8,15 +8,19 @@ vertical chunking included), and writes the shard in input order.
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from copy import deepcopy
+from pathlib import Path
 
 import numpy as np
 
-from .inputs import Source, read_range
+from .inputs import Source, is_blank_file, read_range
 from .shards import shard_table, write_shard
 
+# Characters per piece when a streamed document's tokens are counted.
+_PIECE_CHARS = 1 << 16
 # encode() reports truncation in one warning per call: "{count} of {total} texts were longer ...".
 _TRUNCATION = re.compile(r"^(\d+) of (\d+) texts were longer than max_length")
 
@@ -54,8 +58,30 @@ class ShardEncoder:
         self._counter.no_truncation()
         self._counter.no_padding()
 
-    def _encode_batch(self, texts: list[str]) -> tuple[np.ndarray, list | None, int]:
-        """texts -> (embeddings float32 [b, D], landmarks per text or None, number truncated)."""
+    def _pieces(self, path: Path):
+        with open(path, encoding="utf-8") as handle:
+            while piece := handle.read(_PIECE_CHARS):
+                yield piece
+
+    def _count_tokens(self, texts: list) -> int:
+        """Content tokens of each text (no special tokens, no truncation); a streamed file is
+        counted piece by piece, never held whole."""
+        strings = [t for t in texts if isinstance(t, str)]
+        count = sum(len(e.ids) for e in self._counter.encode_batch(strings, add_special_tokens=False))
+        for path in (t for t in texts if isinstance(t, Path)):
+            count += sum(len(ids) for ids in self.model.tokenizer.stream_content_ids(self._pieces(path)))
+        return count
+
+    def _readable(self, texts: list) -> list:
+        """Paths stay paths for a model that streams them (recurrent: vertical schedule, flat
+        memory); other models get the file's text."""
+        if getattr(self.model, "supports_streaming", False):
+            return texts
+        return [t.read_text(encoding="utf-8") if isinstance(t, Path) else t for t in texts]
+
+    def _encode_batch(self, texts: list) -> tuple[np.ndarray, list | None, int]:
+        """texts (strings, or Paths of text files) -> (embeddings float32 [b, D], landmarks per
+        text or None, number truncated)."""
         options = {"batch_size": len(texts), "max_length": self.settings["max_length"],
                    "prompt": self.settings["prompt"] or None, "show_progress_bar": False}
         with warnings.catch_warnings(record=True) as caught:
@@ -79,29 +105,31 @@ class ShardEncoder:
         progress(rows, tokens) is called after each batch.
         """
         ids, texts = read_range(self.sources, shard["start"], shard["stop"], self.settings["text_field"],
-                                self.settings["id_field"])
+                                self.settings["id_field"], self.settings.get("path_field"))
         # Longest first, as encode() does: similar lengths share a batch (less padding).
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        lengths = [os.path.getsize(t) if isinstance(t, Path) else len(t) for t in texts]
+        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
         batch_size = self.job["batch_size"]
         embeddings, landmarks = None, [None] * len(texts)
         truncated = tokens = 0
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            batch = [texts[i] for i in rows]
+            batch = self._readable([texts[i] for i in rows])
             vectors, batch_landmarks, batch_truncated = self._encode_batch(batch)
             if embeddings is None:
                 embeddings = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
             embeddings[rows] = vectors  # back to input order
             for row, item in zip(rows, batch_landmarks or []):
                 landmarks[row] = {"embeddings": np.asarray(item["embeddings"]), "spans": item["spans"]}
-            batch_tokens = sum(len(e.ids) for e in self._counter.encode_batch(batch, add_special_tokens=False))
+            batch_tokens = self._count_tokens(batch)
             truncated += batch_truncated
             tokens += batch_tokens
             if progress is not None:
                 progress(len(rows), batch_tokens)
         if embeddings is None:  # an empty shard cannot happen (shards are non-empty ranges)
             raise ValueError(f"shard {shard['index']} has no rows")
-        counts = {"truncated": truncated, "empty": sum(not t.strip() for t in texts), "tokens": tokens}
+        empty = sum(is_blank_file(t) if isinstance(t, Path) else not t.strip() for t in texts)
+        counts = {"truncated": truncated, "empty": empty, "tokens": tokens}
         with_landmarks = self.settings["output_value"] == "landmarks"
         table = shard_table(ids, embeddings, self.settings["dtype"], landmarks if with_landmarks else None)
         return {"index": shard["index"], **write_shard(self.job["output_dir"], shard["index"], table, counts)}

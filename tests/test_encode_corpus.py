@@ -363,3 +363,37 @@ def test_ray_engine_resumes_and_equals_local(tmp_path, clean_run, lmk_checkpoint
     assert [(s["file"], s["rows"]) for s in manifest["shards"]] == [(s["file"], s["rows"]) for s in clean["shards"]]
     for shard in manifest["shards"]:
         assert shard["sha256"] == file_sha256(out / shard["file"])
+
+
+# ---- rows that name a text file ---------------------------------------------------------------------
+
+
+def test_rows_naming_text_files(tmp_path, mamba2_checkpoint, lmk_checkpoint, lmk_model, texts):
+    """A recurrent model streams each named file (vertical schedule); LMK reads it. Both equal
+    encode() of the file's text; a missing file is named with its line."""
+    from lmk_embed import RecurrentEmbedModel
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    rows = [" ".join(texts[i : i + 3]) for i in range(0, 12, 3)] + [""]  # a few documents and an empty one
+    for i, text in enumerate(rows):
+        (docs / f"{i}.txt").write_text(text, encoding="utf-8")
+    source = write_jsonl(tmp_path / "index.jsonl", [{"id": i, "file": f"docs/{i}.txt"} for i in range(len(rows))])
+    recurrent = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint).eval()
+    for checkpoint, model in ((mamba2_checkpoint, recurrent), (lmk_checkpoint, lmk_model)):
+        out = tmp_path / f"out-{Path(checkpoint).name}"
+        summary = encode_corpus(str(checkpoint), str(source), out, path_field="file", shard_size=3, batch_size=2,
+                                show_progress_bar=False)
+        assert summary["rows"] == len(rows) and summary["empty"] == 1
+        ids, vectors = read_output(out)
+        assert ids == list(range(len(rows)))
+        if model is recurrent:  # streamed: exactly encode() of the paths; the text's schedule agrees within 1e-4
+            paths = [docs / f"{i}.txt" for i in range(len(rows))]
+            np.testing.assert_allclose(vectors, model.encode(paths, batch_size=2), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(vectors, model.encode(rows, batch_size=2), atol=1e-4, rtol=0)
+        else:
+            np.testing.assert_allclose(vectors, model.encode(rows, batch_size=2), atol=1e-5, rtol=0)
+    (docs / "2.txt").unlink()
+    with pytest.raises(CorpusInputError, match=r"index\.jsonl, line 3: field 'file' names 'docs/2\.txt', which is not a file"):
+        encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out-missing", path_field="file",
+                      show_progress_bar=False)
