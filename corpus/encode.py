@@ -216,6 +216,8 @@ def _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_a
 
     from .engines import run_local, run_ray
 
+    if not pending:
+        return
     progress = tqdm(total=sum(s["stop"] - s["start"] for s in pending), unit="doc", desc="Encoding corpus",
                     disable=not show_progress_bar)
     started, tokens = time.perf_counter(), [0]
