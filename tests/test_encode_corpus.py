@@ -101,12 +101,16 @@ def test_manifest_describes_the_shards(clean_run, lmk_checkpoint, texts):
     assert list(os.listdir(out)) and not [n for n in os.listdir(out) if ".tmp-" in n]
 
 
-def test_rerun_keeps_every_complete_shard(clean_run, lmk_checkpoint, jsonl):
+def test_rerun_keeps_every_complete_shard(clean_run, lmk_checkpoint, jsonl, capsys):
+    """The same run again, through the command line and with another batch size (not a setting)."""
+    import cli
+
     out, _ = clean_run
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
-    summary = encode_corpus(str(lmk_checkpoint), str(jsonl), out, shard_size=SHARD_SIZE, batch_size=8,
-                            show_progress_bar=False)  # batch size is not a setting
-    assert summary["shards_skipped"] == 4 and summary["shards_written"] == 0
+    code = cli.main(["encode-corpus", str(lmk_checkpoint), str(jsonl), str(out), "--shard-size", str(SHARD_SIZE),
+                     "--batch-size", "8", "--no-progress"])
+    assert code == 0
+    assert "200 rows in 4 shards (4 kept from an earlier run)" in capsys.readouterr().out
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")} == before
 
 
