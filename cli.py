@@ -7,6 +7,7 @@
     lmk-embed evaluate MODEL [MODEL ...] --task passkey needle ... [--max-lengths 256 ...] [--out DIR]
     lmk-embed analyze attention|locality CHECKPOINT [...] [--out DIR]
     lmk-embed push CHECKPOINT REPO_ID [--dry-run] ...
+    lmk-embed encode-corpus MODEL INPUT OUTPUT_DIR [--engine local|ray] [--num-workers N] ...
 
 A bad argument, a missing file or an invalid config value prints one line naming it, and the
 command exits with status 2.
@@ -448,6 +449,52 @@ def _run_analyze(args) -> int:
         else:
             print(f"{label}: {result['landmarks']} landmarks, Hits@k " + json.dumps(result["hits"]))
     print(f"Wrote {out / args.analysis}.json and .png")
+
+# ---- encode-corpus ---------------------------------------------------------------------------------
+
+
+def _add_encode_corpus(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "encode-corpus", help="Embed a corpus (jsonl/csv/parquet glob or saved dataset) into resumable parquet shards.")
+    parser.add_argument("model", help="checkpoint folder or Hub id")
+    parser.add_argument("input", help="jsonl, csv or parquet files (a glob; quote it), or a `datasets` save_to_disk folder")
+    parser.add_argument("output_dir", help="folder for part-NNNNN.parquet shards and manifest.json")
+    parser.add_argument("--text-field", default="text")
+    parser.add_argument("--id-field", default="id")
+    parser.add_argument("--path-field", default=None, help="rows name a UTF-8 text file in this field instead of holding "
+                        "the text (relative to the input file's folder); recurrent models stream it")
+    parser.add_argument("--batch-size", type=_positive_int, default=32)
+    parser.add_argument("--max-length", type=_positive_int, default=None)
+    parser.add_argument("--prompt-name", default="document", choices=["document", "query"])
+    parser.add_argument("--output-value", default="embedding", choices=["embedding", "landmarks"])
+    parser.add_argument("--engine", default="local", choices=["local", "ray"])
+    parser.add_argument("--num-workers", type=_positive_int, default=1)
+    parser.add_argument("--shard-size", type=_positive_int, default=10_000)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="how vectors are stored")
+    parser.add_argument("--ray-address", default=None, help="attach to this Ray cluster (e.g. ray://head:10001 or auto); "
+                        "default: start a local one")
+    parser.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs each Ray worker reserves")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_run_encode_corpus)
+
+
+def _run_encode_corpus(args) -> int:
+    from corpus import CorpusInputError, CorpusSettingsError, encode_corpus
+
+    try:
+        summary = encode_corpus(
+            args.model, args.input, args.output_dir, text_field=args.text_field, id_field=args.id_field,
+            path_field=args.path_field,
+            batch_size=args.batch_size, max_length=args.max_length, prompt_name=args.prompt_name,
+            output_value=args.output_value, engine=args.engine, num_workers=args.num_workers,
+            shard_size=args.shard_size, dtype=args.dtype, ray_address=args.ray_address,
+            gpus_per_worker=args.gpus_per_worker, show_progress_bar=not args.no_progress,
+        )
+    except (CorpusInputError, CorpusSettingsError) as error:
+        raise UsageError(str(error)) from None
+    print(f"{summary['rows']} rows in {summary['shards']} shards ({summary['shards_skipped']} kept from an earlier run) "
+          f"written to {args.output_dir}: {summary['truncated']} truncated, {summary['empty']} empty, "
+          f"{summary['tokens']} tokens")
     return 0
 
 
@@ -464,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_push(subparsers)
     _add_evaluate(subparsers)
     _add_analyze(subparsers)
+    _add_encode_corpus(subparsers)
     return parser
 
 

@@ -16,7 +16,9 @@ ALLOWED_IMPORTS = {
     "evaluation": set(),
     "training": {"lmk_embed"},
     "push": {"lmk_embed", "model_cards"},
-    "cli": {"lmk_embed", "training", "evaluation", "model_cards", "push"},
+    # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
+    "corpus": set(),
+    "cli": {"lmk_embed", "training", "evaluation", "model_cards", "push", "corpus"},
     "demo": {"lmk_embed", "training", "evaluation", "model_cards", "push"},
 }
 
