@@ -19,6 +19,7 @@ their own transformers cache.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Iterable, Iterator
@@ -148,12 +149,18 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     X = xdt.view(b, c, q, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, q, p]
 
     # Within chunks: y[l] = sum_{s<=l} exp(cum[l] - cum[s]) (C[l] . B[s]) x[s] dt[s].
+    # The [q, q] decay is built once per head and, without autograd, in place in one buffer:
+    # on CPU these elementwise passes, not the products, are most of the scan's time.
+    in_place = not torch.is_grad_enabled()
     scores = C_chunks @ B_chunks.transpose(-1, -2)  # [b, c, g, q, q], shared by the group's heads
-    future = torch.ones(q, q, dtype=torch.bool, device=x.device).triu(1)
-    decay = torch.exp((cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(future, float("-inf")))
-    y = (decay.view(b, c, g, r, q, q) * scores[:, :, :, None]) @ X  # [b, c, g, r, q, p]
+    decay = (cumulative[..., :, None] - cumulative[..., None, :]).masked_fill_(_future_mask(q, x.device), float("-inf"))
+    decay = decay.exp_().view(b, c, g, r, q, q)
+    decay = decay.mul_(scores[:, :, :, None]) if in_place else decay * scores[:, :, :, None]
+    y = decay @ X  # [b, c, g, r, q, p]
+    del decay
 
-    # Each chunk's contribution to the state at its end, then the carry across chunks.
+    # Each chunk's contribution to the state at its end, then the carry across chunks: one fused
+    # multiply-add per chunk (the loop is short, c = t / q, and exact).
     to_end = torch.exp(cumulative[..., -1:] - cumulative).view(b, c, g, r, q, 1)
     chunk_states = (X * to_end).transpose(-1, -2) @ B_chunks[:, :, :, None]  # [b, c, g, r, p, n]
     chunk_decay = torch.exp(cumulative[..., -1]).view(b, c, g, r, 1, 1)
@@ -161,13 +168,20 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     entering = []
     for k in range(c):
         entering.append(state)
-        state = state * chunk_decay[:, k] + chunk_states[:, k]
+        state = torch.addcmul(chunk_states[:, k], state, chunk_decay[:, k])
     entering = torch.stack(entering, dim=1)  # [b, c, g, r, p, n]
 
     # From the state entering each chunk: y[l] += exp(cum[l]) C[l] . state.
-    y = y + (C_chunks[:, :, :, None] @ entering.transpose(-1, -2)) * torch.exp(cumulative).view(b, c, g, r, q, 1)
+    from_state = (C_chunks[:, :, :, None] @ entering.transpose(-1, -2)) * torch.exp(cumulative).view(b, c, g, r, q, 1)
+    y = y.add_(from_state) if in_place else y + from_state
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * q, h, p)[:, :t]
     return y + x * D.float()[:, None], state.view(b, h, p, n)
+
+
+@functools.lru_cache(maxsize=16)
+def _future_mask(q: int, device: torch.device) -> torch.Tensor:
+    """[q, q] True above the diagonal (s > l): built once per chunk size, not once per call."""
+    return torch.ones(q, q, dtype=torch.bool, device=device).triu(1)
 
 
 def causal_conv_with_state(inputs, weight, bias, state):
@@ -175,13 +189,41 @@ def causal_conv_with_state(inputs, weight, bias, state):
 
     inputs [b, t, channels], weight [channels, k], state [b, channels, k - 1] or None (zeros)
     -> (pre-activation output [b, t, channels], new state [b, channels, k - 1]).
+
+    Written as k shifted multiply-adds in the [b, t, channels] layout: on CPU, conv1d with one group
+    per channel is several times slower than this, and needs two transposed copies besides.
+    out[l] = bias + sum_j weight[:, j] * padded[l + j], padded = (state, inputs) along time.
     """
     b, t, channels = inputs.shape
     k = weight.shape[-1]
-    previous = inputs.new_zeros(b, channels, k - 1) if state is None else state.to(inputs.dtype)
-    padded = torch.cat([previous, inputs.transpose(1, 2)], dim=-1)
-    out = F.conv1d(padded.to(weight.dtype), weight[:, None, :], bias, groups=channels)
-    return out.transpose(1, 2), padded[:, :, -(k - 1) :].clone()  # a copy: a view would keep `padded` alive
+    dtype = weight.dtype
+    previous = inputs.new_zeros(b, k - 1, channels, dtype=dtype) if state is None else state.transpose(1, 2).to(dtype)
+    padded = torch.cat([previous, inputs.to(dtype)], dim=1)  # [b, t + k - 1, channels]
+    taps = weight.t()  # [k, channels]
+    out = padded[:, k - 1 :] * taps[k - 1]
+    if bias is not None:
+        out = out + bias
+    for j in range(k - 1):
+        out = torch.addcmul(out, padded[:, j : j + t], taps[j])
+    return out, padded[:, t:].transpose(1, 2).clone()  # a copy: a view would keep `padded` alive
+
+
+def rms_norm(norm, hidden, gate=None):
+    """transformers' Mamba2 RMSNorm (gate None) or gated RMSNorm (`norm(hidden, gate)`), float32 fast path.
+
+    hidden [b, t, width], gate [b, t, width] or None -> [b, t, width]. For float32 the normalisation
+    is torch's fused `rms_norm` (one pass instead of five); other dtypes call the module itself.
+    """
+    if hidden.dtype != torch.float32 or norm.weight.dtype != torch.float32:
+        return norm(hidden) if gate is None else norm(hidden, gate)
+    if gate is not None:
+        hidden = hidden * F.silu(gate.float())
+    width = hidden.shape[-1]
+    group = getattr(norm, "group_size", width)
+    if group == width:
+        return F.rms_norm(hidden, (width,), norm.weight, norm.variance_epsilon)
+    grouped = F.rms_norm(hidden.unflatten(-1, (width // group, group)), (group,), None, norm.variance_epsilon)
+    return norm.weight * grouped.flatten(-2)
 
 
 def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chunk_size: int):
@@ -212,7 +254,7 @@ def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chun
     else:
         dt = torch.clamp(F.softplus(dt + mixer.dt_bias.to(dt.dtype)), min=limit[0], max=limit[1])
         y, ssm_state = ssd_chunked(x, dt, A, B, C, mixer.D, chunk_size, ssm_state)
-    y = mixer.norm(y.reshape(b, t, -1), gate)
+    y = rms_norm(mixer.norm, y.reshape(b, t, -1), gate)
     return mixer.out_proj(y.to(dtype)), Mamba2LayerState(conv_state, ssm_state)
 
 
@@ -380,13 +422,13 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         new_states = []
         for layer, layer_state in zip(backbone.layers, layer_states):
             residual = hidden
-            hidden = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
+            hidden = rms_norm(layer.norm, hidden.to(dtype=layer.norm.weight.dtype))
             if layer.residual_in_fp32:
                 residual = residual.to(torch.float32)
             hidden, layer_state = mamba2_mixer_step(layer.mixer, hidden, layer_state, self.config.ssd_chunk_size)
             hidden = residual + hidden
             new_states.append(layer_state)
-        return backbone.norm_f(hidden), Mamba2State(new_states)
+        return rms_norm(backbone.norm_f, hidden), Mamba2State(new_states)
 
     # ---- inputs -------------------------------------------------------------------------------
 
