@@ -32,7 +32,7 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_recurrent import SCHEDULES, RecurrentEmbedConfig
+from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
 from .encoding import EncoderMixin, check_choice, check_positive_int
 from .tokenization_recurrent import RecurrentEmbedTokenizer, iter_text_file
 
@@ -159,23 +159,25 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     y = decay @ X  # [b, c, g, r, q, p]
     del decay
 
-    # Each chunk's contribution to the state at its end, then the carry across chunks: one fused
-    # multiply-add per chunk (the loop is short, c = t / q, and exact).
+    # Each chunk's contribution to the state at its end, then the carry across chunks as one
+    # [c + 1, c + 1] decay product per head (as transformers' torch path does), not a loop of c
+    # small steps: with c = t / q steps per layer and block, the loop's per-op cost dominated.
     to_end = torch.exp(cumulative[..., -1:] - cumulative).view(b, c, g, r, q, 1)
     chunk_states = (X * to_end).transpose(-1, -2) @ B_chunks[:, :, :, None]  # [b, c, g, r, p, n]
-    chunk_decay = torch.exp(cumulative[..., -1]).view(b, c, g, r, 1, 1)
-    state = x.new_zeros(b, g, r, p, n) if initial_state is None else initial_state.float().view(b, g, r, p, n)
-    entering = []
-    for k in range(c):
-        entering.append(state)
-        state = torch.addcmul(chunk_states[:, k], state, chunk_decay[:, k])
-    entering = torch.stack(entering, dim=1)  # [b, c, g, r, p, n]
+    start = x.new_zeros(b, 1, h, p * n) if initial_state is None else initial_state.float().view(b, 1, h, p * n)
+    states = torch.cat([start, chunk_states.view(b, c, h, p * n)], dim=1).transpose(1, 2)  # [b, h, c + 1, p n]
+    chunk_log = F.pad(cumulative[..., -1].transpose(1, 2), (1, 0)).cumsum(-1)  # [b, h, c + 1]
+    # carry[z, j] = exp(sum of chunk decays j+1..z) for j <= z: state after z chunks from the one after j.
+    carry = (chunk_log[..., :, None] - chunk_log[..., None, :]).masked_fill_(_future_mask(c + 1, x.device), float("-inf"))
+    after = carry.exp_() @ states  # [b, h, c + 1, p n]: the state after 0..c chunks
+    entering = after[:, :, :-1].transpose(1, 2).reshape(b, c, g, r, p, n)
+    state = after[:, :, -1].reshape(b, h, p, n).clone()  # a copy: a view would keep `after` alive
 
     # From the state entering each chunk: y[l] += exp(cum[l]) C[l] . state.
     from_state = (C_chunks[:, :, :, None] @ entering.transpose(-1, -2)) * torch.exp(cumulative).view(b, c, g, r, q, 1)
     y = y.add_(from_state) if in_place else y + from_state
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * q, h, p)[:, :t]
-    return y + x * D.float()[:, None], state.view(b, h, p, n)
+    return y + x * D.float()[:, None], state
 
 
 @functools.lru_cache(maxsize=16)
@@ -335,10 +337,20 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     # ---- schedules ----------------------------------------------------------------------------
 
-    def resolve_schedule(self, schedule: str | None, block_size: int | None, longest: int) -> tuple[str, int]:
-        """Check the schedule / V and turn `auto` into horizontal (T <= V) or vertical."""
+    def resolve_block_size(self, block_size: int | str | None, batch_size: int = 1) -> int:
+        """V for this call: an explicit integer wins; "auto" (the config default) asks
+        `auto_block_size` for this device, the backbone's width and the batch."""
+        block_size = self.config.block_size if block_size is None else block_size
+        if block_size != AUTO:
+            return check_positive_int("block_size", block_size)
+        backbone = self.config.backbone_config
+        return auto_block_size(self.device.type, int(backbone.hidden_size), batch_size, int(getattr(backbone, "chunk_size", 256)))
+
+    def resolve_schedule(self, schedule: str | None, block_size: int | str | None, longest: int,
+                         batch_size: int = 1) -> tuple[str, int]:
+        """Check the schedule / V and turn `auto` into horizontal (T <= V) or vertical, and V into an int."""
         schedule = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
-        block_size = check_positive_int("block_size", self.config.block_size if block_size is None else block_size)
+        block_size = self.resolve_block_size(block_size, batch_size)
         if schedule == "auto":
             schedule = "horizontal" if longest <= block_size or self.state_carrier is None else "vertical"
         if schedule == "vertical" and self.state_carrier is None:
@@ -353,7 +365,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         schedule: str | None = None,
-        block_size: int | None = None,
+        block_size: int | str | None = None,
     ) -> RecurrentOutput:
         """input_ids / attention_mask [B, T] -> RecurrentOutput(embeddings [B, D]).
 
@@ -371,7 +383,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
             raise ValueError("Every input needs at least one token (its EOS); found an empty row.")
         input_ids = _real_tokens_first(input_ids, attention_mask.bool(), lengths)
         longest = int(lengths.max())
-        schedule, block_size = self.resolve_schedule(schedule, block_size, longest)
+        schedule, block_size = self.resolve_schedule(schedule, block_size, longest, batch_size=input_ids.shape[0])
         input_ids = input_ids[:, :longest]
         if schedule == "horizontal":
             # No cache: xLSTM would size one from its config and crash for qk_dim_factor=0.5.
@@ -465,7 +477,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         equals `encode(list(texts))`. A `pathlib.Path` (alone or as an item of the list) is one
         UTF-8 text file, streamed; to stream one document given in pieces, use `encode_stream`.
         Returns float32 `[N, D]` (numpy, or a tensor), `[D]` for a single string or path.
-        `schedule` ("auto", "horizontal", "vertical") and `block_size` (V) override the config.
+        `schedule` ("auto", "horizontal", "vertical") and `block_size` (V, or "auto") override the config.
         """
         if isinstance(texts, Iterator) and not isinstance(texts, (str, os.PathLike)):
             texts = list(texts)
