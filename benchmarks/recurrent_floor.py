@@ -1,7 +1,7 @@
 """Recurrent encode against its floor: the projections' GEMMs, which a Mamba2 layer cannot avoid.
 
     python benchmarks/recurrent_floor.py [--lengths 4096 65536 262144] [--block-size 2048]
-    python benchmarks/recurrent_floor.py --profile 16384     # per-op table of one vertical encode
+    python benchmarks/recurrent_floor.py --profile 8192      # per-op table of one vertical forward
 
 A Mamba2 of d=256, 8 layers, state 64 (random weights, as in recurrent_memory_speed.py) embeds one
 stdlib-documentation text of T tokens. In one process, interleaved, best of --repeats:
@@ -163,7 +163,13 @@ def main() -> None:
     parser.add_argument("--max-reference-length", type=int, default=65536)
     parser.add_argument("--profile", type=int, default=None, metavar="T", help="print a per-op profile at T tokens instead")
     parser.add_argument("--rows", type=int, default=20, help="rows of the profile table")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (on a loaded machine, 1 avoids waiting on preempted threads in every op)")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.profile:
         profile(args)
         return
