@@ -1,7 +1,7 @@
 """`lmk-embed`: convert backbones into checkpoints, train, write model cards and publish.
 
     lmk-embed convert-lmk SOURCE OUTPUT [--pooling lmk] [--granularity 128] ...
-    lmk-embed convert-recurrent SOURCE OUTPUT [--schedule auto] [--block-size 4096] ...
+    lmk-embed convert-recurrent SOURCE OUTPUT [--schedule auto] [--block-size auto] ...
     lmk-embed train [--config run.yaml] [--field value ...]
     lmk-embed card CHECKPOINT
     lmk-embed evaluate MODEL [MODEL ...] --task passkey needle ... [--max-lengths 256 ...] [--out DIR]
@@ -42,6 +42,10 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def _block_size(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive_int(text)
 
 
 def _check_source(source: str) -> None:
@@ -126,7 +130,8 @@ def _add_convert_recurrent(subparsers) -> None:
     parser.add_argument("source", help="a Mamba2 / xLSTM / RWKV causal-LM checkpoint: a local folder, or a Hub id")
     parser.add_argument("output", help="folder to write the embedder checkpoint to")
     parser.add_argument("--schedule", default="auto", choices=SCHEDULES)
-    parser.add_argument("--block-size", type=_positive_int, default=4096, help="V: tokens per vertical block")
+    parser.add_argument("--block-size", type=_block_size, default="auto",
+                        help="V: tokens per vertical block, or 'auto' (chosen per call from device, width and batch)")
     parser.add_argument("--add-bos-token", action="store_true")
     parser.add_argument("--max-length", type=_positive_int, default=None)
     parser.add_argument("--default-task", default=None, help="the instruction for queries without a task")

@@ -7,6 +7,15 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 SCHEDULES = ("auto", "horizontal", "vertical")
+AUTO = "auto"
+# The CPU block rule's budget: a block's per-layer working set should stay in the caches of a few
+# cores (L2 + a share of L3). 32 MiB puts d=256 at V=2048, which beat V=4096 on a 2-core CPU.
+CPU_CACHE_BUDGET = 32 * 2**20
+# Floats a Mamba2-style layer touches per token, per unit of width d (expand 2): in_proj's output
+# (~4.5d), the conv's input, padded copy and output (~7.5d), gate, y and the normed y (~3d), hidden
+# and residual (~1d); rounded up to 16.
+FLOATS_PER_TOKEN_PER_WIDTH = 16
+MIN_AUTO_BLOCK, MAX_AUTO_BLOCK = 256, 4096
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 QUERY_TEMPLATE = "Instruct: {task}\nQuery: "
 # Backbones that live outside transformers: model_type -> (module that registers it, the extra that installs it).
@@ -54,7 +63,8 @@ class RecurrentEmbedConfig(PretrainedConfig):
     schedule: `horizontal` (the backbone's own full-sequence forward), `vertical` (blocks of
         `block_size` tokens through all layers, per-layer state carried) or `auto` (horizontal when
         the longest input fits in one block).
-    block_size: V, tokens per vertical block.
+    block_size: V, tokens per vertical block, or "auto" (the default; `auto_block_size`): chosen per
+        call from the device, the model width and the batch. An explicit integer always wins.
     ssd_chunk_size: the chunk of our CPU/torch Mamba2 scan (exact for any value; 64 suits CPU caches).
     normalize: L2-normalise embeddings by default.
     add_bos_token: put the tokenizer's BOS before every input (EOS always closes it).
@@ -69,7 +79,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
 
     backbone_config: dict | PretrainedConfig | None = None
     schedule: str = "auto"
-    block_size: int = 4096
+    block_size: int | str = AUTO
     ssd_chunk_size: int = 64
     normalize: bool = True
     add_bos_token: bool = False
@@ -90,8 +100,11 @@ class RecurrentEmbedConfig(PretrainedConfig):
             raise ValueError(f"Unknown `schedule` {self.schedule!r}; expected one of {list(SCHEDULES)}.")
         for name in ("block_size", "ssd_chunk_size"):
             value = getattr(self, name)
+            if name == "block_size" and value == AUTO:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+                allowed = "a positive integer or 'auto'" if name == "block_size" else "a positive integer"
+                raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"`max_length` must be at least 2 (one token and EOS), got {self.max_length}.")
         if "{task}" not in self.query_template:
@@ -112,4 +125,22 @@ class RecurrentEmbedConfig(PretrainedConfig):
         return {"rec_add_bos": self.add_bos_token}
 
 
-__all__ = ["RecurrentEmbedConfig"]
+def auto_block_size(device_type: str, width: int, batch_size: int = 1, gpu_chunk_size: int = 256,
+                    cache_bytes: int = CPU_CACHE_BUDGET) -> int:
+    """V for `block_size="auto"`: a pure function of the device type, the model width d and the batch.
+
+    cuda (any accelerator): the paper's guidance, 4096 for a single sequence and 2Q for a batch
+        (Q = the backbone's GPU chunk size, 256 for Mamba2), so a batch's blocks stay short.
+    cpu: the largest power of two V whose per-layer working set, about
+        batch * V * 16 * d float32 values, fits `cache_bytes`; clamped to [256, 4096].
+    """
+    if device_type != "cpu":
+        return MAX_AUTO_BLOCK if batch_size <= 1 else 2 * gpu_chunk_size
+    per_token = FLOATS_PER_TOKEN_PER_WIDTH * width * 4 * max(batch_size, 1)
+    block = MIN_AUTO_BLOCK
+    while block * 2 <= MAX_AUTO_BLOCK and block * 2 * per_token <= cache_bytes:
+        block *= 2
+    return block
+
+
+__all__ = ["RecurrentEmbedConfig", "auto_block_size"]

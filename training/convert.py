@@ -156,7 +156,7 @@ def convert_to_recurrent(
     output_dir: str | Path,
     *,
     schedule: str = "auto",
-    block_size: int = 4096,
+    block_size: int | str = "auto",
     ssd_chunk_size: int = 64,
     normalize: bool = True,
     add_bos_token: bool = False,
