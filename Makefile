@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[train,eval,dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[train,eval,dev,rwkv7,scale]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -56,32 +56,55 @@ def format_table(rows: list[dict], metric: str = "ndcg_at_10") -> str:
     return "\n".join(lines)
 
 
-def save_table(rows: list[dict], folder: str | Path, stem: str = "results") -> dict[str, Path]:
-    """`stem.json` (the rows) and `stem.png` (nDCG@10 against max length, one panel per split)."""
+def format_length_table(rows: list[dict], metric: str = "ndcg_at_1") -> str:
+    """LongEmbed's layout: one line per (split, model), one column per max length, then their mean."""
+    lengths = sorted({r["max_length"] for r in rows})
+    keys = list(dict.fromkeys((r["split"], r["model"]) for r in rows))
+    cell = {(r["split"], r["model"], r["max_length"]): r[metric] for r in rows}
+    width = max(len(f"{s} | {m}") for s, m in keys) + 2
+    header = f"{'task | model':<{width}}" + "".join(f"{n:>8}" for n in lengths) + f"{'mean':>8}"
+    lines = [metric, header, "-" * len(header)]
+    for split, model in keys:
+        values = [cell.get((split, model, n)) for n in lengths]
+        present = [v for v in values if v is not None]
+        mean = sum(present) / len(present) if present else float("nan")
+        lines.append(f"{split + ' | ' + model:<{width}}" + "".join(f"{v:>8.3f}" if v is not None else f"{'':>8}" for v in values)
+                     + f"{mean:>8.3f}")
+    return "\n".join(lines)
+
+
+def save_table(rows: list[dict], folder: str | Path, stem: str = "results", metric: str = "ndcg_at_10") -> dict[str, Path]:
+    """`stem.json` (the rows) and `stem.png` (`metric` against max length, one panel per split)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path = folder / f"{stem}.json"
+    json_path.write_text(json.dumps(rows, indent=2) + "\n")
+    png_path = folder / f"{stem}.png"
+    plot_rows(rows, png_path, metric)
+    return {"json": json_path, "png": png_path}
+
+
+def plot_rows(rows: list[dict], path: str | Path, metric: str = "ndcg_at_10") -> Path:
+    """`metric` against max length: one panel per split, one line per model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path = folder / f"{stem}.json"
-    json_path.write_text(json.dumps(rows, indent=2) + "\n")
     splits = list(dict.fromkeys(r["split"] for r in rows))
     figure, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 4), squeeze=False)
     for axis, split in zip(axes[0], splits):
         for model in dict.fromkeys(r["model"] for r in rows):
-            points = sorted((r["max_length"], r["ndcg_at_10"]) for r in rows if r["split"] == split and r["model"] == model)
+            points = sorted((r["max_length"], r[metric]) for r in rows if r["split"] == split and r["model"] == model)
             if points:
                 axis.plot(*zip(*points), marker="o", label=model)
         axis.set_title(split, fontsize=9)
         axis.set_xlabel("max length (tokens)")
-        axis.set_ylabel("nDCG@10")
+        axis.set_ylabel(metric.replace("_at_", "@"))
         axis.set_xscale("log", base=2)
         axis.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     figure.tight_layout()
-    png_path = folder / f"{stem}.png"
-    figure.savefig(png_path, dpi=110)
+    figure.savefig(path, dpi=110)
     plt.close(figure)
-    return {"json": json_path, "png": png_path}
+    return Path(path)

@@ -7,8 +7,54 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 SCHEDULES = ("auto", "horizontal", "vertical")
+AUTO = "auto"
+# The CPU block rule's budget: a block's per-layer working set should stay in the caches of a few
+# cores (L2 + a share of L3). 32 MiB puts d=256 at V=2048, which beat V=4096 on a 2-core CPU.
+CPU_CACHE_BUDGET = 32 * 2**20
+# Floats a Mamba2-style layer touches per token, per unit of width d (expand 2): in_proj's output
+# (~4.5d), the conv's input, padded copy and output (~7.5d), gate, y and the normed y (~3d), hidden
+# and residual (~1d); rounded up to 16.
+FLOATS_PER_TOKEN_PER_WIDTH = 16
+MIN_AUTO_BLOCK, MAX_AUTO_BLOCK = 256, 4096
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 QUERY_TEMPLATE = "Instruct: {task}\nQuery: "
+# Backbones that live outside transformers: model_type -> (module that registers it, the extra that installs it).
+EXTERNAL_BACKBONES = {"rwkv7": ("fla.models.rwkv7", "rwkv7", "flash-linear-attention")}
+
+
+def register_external_backbone(backbone_config) -> None:
+    """Import the package that registers an external backbone's config and model with the Auto classes.
+
+    Without it, say which extra to install instead of transformers' "unrecognized model type"."""
+    model_type = backbone_config.get("model_type") if isinstance(backbone_config, dict) else None
+    if model_type not in EXTERNAL_BACKBONES:
+        return
+    module, extra, package = EXTERNAL_BACKBONES[model_type]
+    try:
+        __import__(module)
+    except ImportError as error:
+        raise ImportError(
+            f"This checkpoint's backbone is {model_type!r}, which {package} provides: install the "
+            f"`{extra}` extra (pip install 'lmk-embed[{extra}]'). Importing {module} failed: {error}"
+        ) from error
+    restore_transformers_model_types()
+
+
+def restore_transformers_model_types() -> None:
+    """Undo external packages' overrides of transformers' own model types.
+
+    Importing any fla model imports them all, and fla registers its own `mamba2`, `mamba` and
+    `bitnet` with `exist_ok=True`: afterwards `AutoConfig` / `AutoModel` would build fla's
+    Triton-only Mamba2 for every Mamba2 checkpoint in the process. The registry is transformers'
+    `CONFIG_MAPPING._extra_content` (private, so read defensively)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    registry = getattr(CONFIG_MAPPING, "_extra_content", None)
+    if not isinstance(registry, dict):
+        return
+    for name, config_class in list(registry.items()):
+        if name in CONFIG_MAPPING_NAMES and config_class.__module__.split(".")[0] in {"fla"}:
+            del registry[name]
 
 
 class RecurrentEmbedConfig(PretrainedConfig):
@@ -17,7 +63,8 @@ class RecurrentEmbedConfig(PretrainedConfig):
     schedule: `horizontal` (the backbone's own full-sequence forward), `vertical` (blocks of
         `block_size` tokens through all layers, per-layer state carried) or `auto` (horizontal when
         the longest input fits in one block).
-    block_size: V, tokens per vertical block.
+    block_size: V, tokens per vertical block, or "auto" (the default; `auto_block_size`): chosen per
+        call from the device, the model width and the batch. An explicit integer always wins.
     ssd_chunk_size: the chunk of our CPU/torch Mamba2 scan (exact for any value; 64 suits CPU caches).
     normalize: L2-normalise embeddings by default.
     add_bos_token: put the tokenizer's BOS before every input (EOS always closes it).
@@ -32,7 +79,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
 
     backbone_config: dict | PretrainedConfig | None = None
     schedule: str = "auto"
-    block_size: int = 4096
+    block_size: int | str = AUTO
     ssd_chunk_size: int = 64
     normalize: bool = True
     add_bos_token: bool = False
@@ -43,6 +90,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
     base_model: str | None = None
 
     def __post_init__(self, **kwargs):
+        register_external_backbone(self.backbone_config)
         super().__post_init__(**kwargs)
         self.check()
 
@@ -52,8 +100,11 @@ class RecurrentEmbedConfig(PretrainedConfig):
             raise ValueError(f"Unknown `schedule` {self.schedule!r}; expected one of {list(SCHEDULES)}.")
         for name in ("block_size", "ssd_chunk_size"):
             value = getattr(self, name)
+            if name == "block_size" and value == AUTO:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+                allowed = "a positive integer or 'auto'" if name == "block_size" else "a positive integer"
+                raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"`max_length` must be at least 2 (one token and EOS), got {self.max_length}.")
         if "{task}" not in self.query_template:
@@ -74,4 +125,22 @@ class RecurrentEmbedConfig(PretrainedConfig):
         return {"rec_add_bos": self.add_bos_token}
 
 
-__all__ = ["RecurrentEmbedConfig"]
+def auto_block_size(device_type: str, width: int, batch_size: int = 1, gpu_chunk_size: int = 256,
+                    cache_bytes: int = CPU_CACHE_BUDGET) -> int:
+    """V for `block_size="auto"`: a pure function of the device type, the model width d and the batch.
+
+    cuda (any accelerator): the paper's guidance, 4096 for a single sequence and 2Q for a batch
+        (Q = the backbone's GPU chunk size, 256 for Mamba2), so a batch's blocks stay short.
+    cpu: the largest power of two V whose per-layer working set, about
+        batch * V * 16 * d float32 values, fits `cache_bytes`; clamped to [256, 4096].
+    """
+    if device_type != "cpu":
+        return MAX_AUTO_BLOCK if batch_size <= 1 else 2 * gpu_chunk_size
+    per_token = FLOATS_PER_TOKEN_PER_WIDTH * width * 4 * max(batch_size, 1)
+    block = MIN_AUTO_BLOCK
+    while block * 2 <= MAX_AUTO_BLOCK and block * 2 * per_token <= cache_bytes:
+        block *= 2
+    return block
+
+
+__all__ = ["RecurrentEmbedConfig", "auto_block_size"]

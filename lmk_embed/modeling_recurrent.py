@@ -13,12 +13,14 @@ Inference schedules:
 
 For Mamba2 the vertical schedule runs a lean chunked SSD scan (`ssd_chunked`) written for
 inference in plain torch; `ssd_reference` beside it is the per-token recurrence it must equal.
-On CUDA, mamba_ssm's fused scan is used when it imports. Other backbones carry state through
-their own transformers cache.
+On CUDA, mamba_ssm's fused scan is used when it imports. RWKV-7 (flash-linear-attention's model,
+whose own forward needs Triton on a GPU) runs through the plain-torch path of `modeling_rwkv7`.
+Other backbones carry state through their own transformers cache.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Iterable, Iterator
@@ -31,8 +33,9 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_recurrent import SCHEDULES, RecurrentEmbedConfig
+from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
 from .encoding import EncoderMixin, check_choice, check_positive_int
+from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
 from .tokenization_recurrent import RecurrentEmbedTokenizer, iter_text_file
 
 try:  # CUDA kernels, optional (the `cuda` extra)
@@ -41,7 +44,7 @@ except Exception:  # not installed, or no GPU toolchain
     mamba_chunk_scan_combined = None
 
 # Backbones whose recurrent state we can carry between blocks, and how.
-STATE_CARRIERS = {"mamba2": "mamba2", "xlstm": "cache", "rwkv": "rwkv"}
+STATE_CARRIERS = {"mamba2": "mamba2", "xlstm": "cache", "rwkv": "rwkv", "rwkv7": "rwkv7"}
 
 
 # ---- the state carried from one vertical block to the next --------------------------------------
@@ -100,7 +103,7 @@ class RwkvState:
         return RwkvState([t[rows] for t in self.tensors])
 
 
-CarriedState = Mamba2State | XlstmState | RwkvState
+CarriedState = Mamba2State | XlstmState | RwkvState | Rwkv7State
 
 
 # ---- Mamba2 SSD scan: minimal reference, then the fast chunked form ---------------------------
@@ -148,26 +151,41 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     X = xdt.view(b, c, q, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, q, p]
 
     # Within chunks: y[l] = sum_{s<=l} exp(cum[l] - cum[s]) (C[l] . B[s]) x[s] dt[s].
+    # The [q, q] decay is built once per head and, without autograd, in place in one buffer:
+    # on CPU these elementwise passes, not the products, are most of the scan's time.
+    in_place = not torch.is_grad_enabled()
     scores = C_chunks @ B_chunks.transpose(-1, -2)  # [b, c, g, q, q], shared by the group's heads
-    future = torch.ones(q, q, dtype=torch.bool, device=x.device).triu(1)
-    decay = torch.exp((cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(future, float("-inf")))
-    y = (decay.view(b, c, g, r, q, q) * scores[:, :, :, None]) @ X  # [b, c, g, r, q, p]
+    decay = (cumulative[..., :, None] - cumulative[..., None, :]).masked_fill_(_future_mask(q, x.device), float("-inf"))
+    decay = decay.exp_().view(b, c, g, r, q, q)
+    decay = decay.mul_(scores[:, :, :, None]) if in_place else decay * scores[:, :, :, None]
+    y = decay @ X  # [b, c, g, r, q, p]
+    del decay
 
-    # Each chunk's contribution to the state at its end, then the carry across chunks.
+    # Each chunk's contribution to the state at its end, then the carry across chunks as one
+    # [c + 1, c + 1] decay product per head (as transformers' torch path does), not a loop of c
+    # small steps: with c = t / q steps per layer and block, the loop's per-op cost dominated.
     to_end = torch.exp(cumulative[..., -1:] - cumulative).view(b, c, g, r, q, 1)
     chunk_states = (X * to_end).transpose(-1, -2) @ B_chunks[:, :, :, None]  # [b, c, g, r, p, n]
-    chunk_decay = torch.exp(cumulative[..., -1]).view(b, c, g, r, 1, 1)
-    state = x.new_zeros(b, g, r, p, n) if initial_state is None else initial_state.float().view(b, g, r, p, n)
-    entering = []
-    for k in range(c):
-        entering.append(state)
-        state = state * chunk_decay[:, k] + chunk_states[:, k]
-    entering = torch.stack(entering, dim=1)  # [b, c, g, r, p, n]
+    start = x.new_zeros(b, 1, h, p * n) if initial_state is None else initial_state.float().view(b, 1, h, p * n)
+    states = torch.cat([start, chunk_states.view(b, c, h, p * n)], dim=1).transpose(1, 2)  # [b, h, c + 1, p n]
+    chunk_log = F.pad(cumulative[..., -1].transpose(1, 2), (1, 0)).cumsum(-1)  # [b, h, c + 1]
+    # carry[z, j] = exp(sum of chunk decays j+1..z) for j <= z: state after z chunks from the one after j.
+    carry = (chunk_log[..., :, None] - chunk_log[..., None, :]).masked_fill_(_future_mask(c + 1, x.device), float("-inf"))
+    after = carry.exp_() @ states  # [b, h, c + 1, p n]: the state after 0..c chunks
+    entering = after[:, :, :-1].transpose(1, 2).reshape(b, c, g, r, p, n)
+    state = after[:, :, -1].reshape(b, h, p, n).clone()  # a copy: a view would keep `after` alive
 
     # From the state entering each chunk: y[l] += exp(cum[l]) C[l] . state.
-    y = y + (C_chunks[:, :, :, None] @ entering.transpose(-1, -2)) * torch.exp(cumulative).view(b, c, g, r, q, 1)
+    from_state = (C_chunks[:, :, :, None] @ entering.transpose(-1, -2)) * torch.exp(cumulative).view(b, c, g, r, q, 1)
+    y = y.add_(from_state) if in_place else y + from_state
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * q, h, p)[:, :t]
-    return y + x * D.float()[:, None], state.view(b, h, p, n)
+    return y + x * D.float()[:, None], state
+
+
+@functools.lru_cache(maxsize=16)
+def _future_mask(q: int, device: torch.device) -> torch.Tensor:
+    """[q, q] True above the diagonal (s > l): built once per chunk size, not once per call."""
+    return torch.ones(q, q, dtype=torch.bool, device=device).triu(1)
 
 
 def causal_conv_with_state(inputs, weight, bias, state):
@@ -175,13 +193,41 @@ def causal_conv_with_state(inputs, weight, bias, state):
 
     inputs [b, t, channels], weight [channels, k], state [b, channels, k - 1] or None (zeros)
     -> (pre-activation output [b, t, channels], new state [b, channels, k - 1]).
+
+    Written as k shifted multiply-adds in the [b, t, channels] layout: on CPU, conv1d with one group
+    per channel is several times slower than this, and needs two transposed copies besides.
+    out[l] = bias + sum_j weight[:, j] * padded[l + j], padded = (state, inputs) along time.
     """
     b, t, channels = inputs.shape
     k = weight.shape[-1]
-    previous = inputs.new_zeros(b, channels, k - 1) if state is None else state.to(inputs.dtype)
-    padded = torch.cat([previous, inputs.transpose(1, 2)], dim=-1)
-    out = F.conv1d(padded.to(weight.dtype), weight[:, None, :], bias, groups=channels)
-    return out.transpose(1, 2), padded[:, :, -(k - 1) :].clone()  # a copy: a view would keep `padded` alive
+    dtype = weight.dtype
+    previous = inputs.new_zeros(b, k - 1, channels, dtype=dtype) if state is None else state.transpose(1, 2).to(dtype)
+    padded = torch.cat([previous, inputs.to(dtype)], dim=1)  # [b, t + k - 1, channels]
+    taps = weight.t()  # [k, channels]
+    out = padded[:, k - 1 :] * taps[k - 1]
+    if bias is not None:
+        out = out + bias
+    for j in range(k - 1):
+        out = torch.addcmul(out, padded[:, j : j + t], taps[j])
+    return out, padded[:, t:].transpose(1, 2).clone()  # a copy: a view would keep `padded` alive
+
+
+def rms_norm(norm, hidden, gate=None):
+    """transformers' Mamba2 RMSNorm (gate None) or gated RMSNorm (`norm(hidden, gate)`), float32 fast path.
+
+    hidden [b, t, width], gate [b, t, width] or None -> [b, t, width]. For float32 the normalisation
+    is torch's fused `rms_norm` (one pass instead of five); other dtypes call the module itself.
+    """
+    if hidden.dtype != torch.float32 or norm.weight.dtype != torch.float32:
+        return norm(hidden) if gate is None else norm(hidden, gate)
+    if gate is not None:
+        hidden = hidden * F.silu(gate.float())
+    width = hidden.shape[-1]
+    group = getattr(norm, "group_size", width)
+    if group == width:
+        return F.rms_norm(hidden, (width,), norm.weight, norm.variance_epsilon)
+    grouped = F.rms_norm(hidden.unflatten(-1, (width // group, group)), (group,), None, norm.variance_epsilon)
+    return norm.weight * grouped.flatten(-2)
 
 
 def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chunk_size: int):
@@ -212,7 +258,7 @@ def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chun
     else:
         dt = torch.clamp(F.softplus(dt + mixer.dt_bias.to(dt.dtype)), min=limit[0], max=limit[1])
         y, ssm_state = ssd_chunked(x, dt, A, B, C, mixer.D, chunk_size, ssm_state)
-    y = mixer.norm(y.reshape(b, t, -1), gate)
+    y = rms_norm(mixer.norm, y.reshape(b, t, -1), gate)
     return mixer.out_proj(y.to(dtype)), Mamba2LayerState(conv_state, ssm_state)
 
 
@@ -284,6 +330,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         super().__init__(config)
         config.check()
         self.backbone = AutoModel.from_config(config.backbone_config)
+        if self.state_carrier == "rwkv7":
+            check_rwkv7_backbone(self.backbone)
         self._tokenizer = None
         self.post_init()
 
@@ -293,10 +341,20 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     # ---- schedules ----------------------------------------------------------------------------
 
-    def resolve_schedule(self, schedule: str | None, block_size: int | None, longest: int) -> tuple[str, int]:
-        """Check the schedule / V and turn `auto` into horizontal (T <= V) or vertical."""
+    def resolve_block_size(self, block_size: int | str | None, batch_size: int = 1) -> int:
+        """V for this call: an explicit integer wins; "auto" (the config default) asks
+        `auto_block_size` for this device, the backbone's width and the batch."""
+        block_size = self.config.block_size if block_size is None else block_size
+        if block_size != AUTO:
+            return check_positive_int("block_size", block_size)
+        backbone = self.config.backbone_config
+        return auto_block_size(self.device.type, int(backbone.hidden_size), batch_size, int(getattr(backbone, "chunk_size", 256)))
+
+    def resolve_schedule(self, schedule: str | None, block_size: int | str | None, longest: int,
+                         batch_size: int = 1) -> tuple[str, int]:
+        """Check the schedule / V and turn `auto` into horizontal (T <= V) or vertical, and V into an int."""
         schedule = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
-        block_size = check_positive_int("block_size", self.config.block_size if block_size is None else block_size)
+        block_size = self.resolve_block_size(block_size, batch_size)
         if schedule == "auto":
             schedule = "horizontal" if longest <= block_size or self.state_carrier is None else "vertical"
         if schedule == "vertical" and self.state_carrier is None:
@@ -311,7 +369,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         schedule: str | None = None,
-        block_size: int | None = None,
+        block_size: int | str | None = None,
     ) -> RecurrentOutput:
         """input_ids / attention_mask [B, T] -> RecurrentOutput(embeddings [B, D]).
 
@@ -329,8 +387,11 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
             raise ValueError("Every input needs at least one token (its EOS); found an empty row.")
         input_ids = _real_tokens_first(input_ids, attention_mask.bool(), lengths)
         longest = int(lengths.max())
-        schedule, block_size = self.resolve_schedule(schedule, block_size, longest)
+        schedule, block_size = self.resolve_schedule(schedule, block_size, longest, batch_size=input_ids.shape[0])
         input_ids = input_ids[:, :longest]
+        if schedule == "horizontal" and self.state_carrier == "rwkv7" and not input_ids.is_cuda:
+            # fla's own RWKV-7 forward is Triton-only: off CUDA, the whole sequence is one plain-torch block.
+            schedule, block_size = "vertical", longest
         if schedule == "horizontal":
             # No cache: xLSTM would size one from its config and crash for qk_dim_factor=0.5.
             hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
@@ -365,6 +426,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         carrier = self.state_carrier
         if carrier == "mamba2":
             return self._mamba2_block(input_ids, state)
+        if carrier == "rwkv7":
+            return rwkv7_block_step(self.backbone, input_ids, state)
         if carrier == "rwkv":
             output = self.backbone(input_ids=input_ids, state=None if state is None else state.tensors, use_cache=True)
             return output.last_hidden_state, RwkvState(list(output.state))
@@ -380,13 +443,13 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         new_states = []
         for layer, layer_state in zip(backbone.layers, layer_states):
             residual = hidden
-            hidden = layer.norm(hidden.to(dtype=layer.norm.weight.dtype))
+            hidden = rms_norm(layer.norm, hidden.to(dtype=layer.norm.weight.dtype))
             if layer.residual_in_fp32:
                 residual = residual.to(torch.float32)
             hidden, layer_state = mamba2_mixer_step(layer.mixer, hidden, layer_state, self.config.ssd_chunk_size)
             hidden = residual + hidden
             new_states.append(layer_state)
-        return backbone.norm_f(hidden), Mamba2State(new_states)
+        return rms_norm(backbone.norm_f, hidden), Mamba2State(new_states)
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -423,7 +486,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         equals `encode(list(texts))`. A `pathlib.Path` (alone or as an item of the list) is one
         UTF-8 text file, streamed; to stream one document given in pieces, use `encode_stream`.
         Returns float32 `[N, D]` (numpy, or a tensor), `[D]` for a single string or path.
-        `schedule` ("auto", "horizontal", "vertical") and `block_size` (V) override the config.
+        `schedule` ("auto", "horizontal", "vertical") and `block_size` (V, or "auto") override the config.
         """
         if isinstance(texts, Iterator) and not isinstance(texts, (str, os.PathLike)):
             texts = list(texts)

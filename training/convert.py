@@ -98,10 +98,13 @@ def backbone_config_dict(backbone) -> dict:
 
 def copy_backbone_weights(target: torch.nn.Module, source: torch.nn.Module, ignore_prefixes=("pooler.",)) -> None:
     """Load `source`'s weights into `target`, failing loudly on any missing weight."""
-    result = target.load_state_dict(source.state_dict(), strict=False)
-    unexpected = [key for key in result.unexpected_keys if not key.startswith(ignore_prefixes)]
-    if result.missing_keys or unexpected:
-        raise ValueError(f"Backbone weights do not match: missing={result.missing_keys}, unexpected={unexpected}.")
+    state, expected = source.state_dict(), target.state_dict()
+    # Key sets compared here: some backbones (fla's RWKV-7) override load_state_dict and return nothing.
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(key for key in state.keys() - expected.keys() if not key.startswith(ignore_prefixes))
+    if missing or unexpected:
+        raise ValueError(f"Backbone weights do not match: missing={missing}, unexpected={unexpected}.")
+    target.load_state_dict(state, strict=False)
 
 
 def convert_to_lmk(
@@ -153,23 +156,33 @@ def convert_to_recurrent(
     output_dir: str | Path,
     *,
     schedule: str = "auto",
-    block_size: int = 4096,
+    block_size: int | str = "auto",
     ssd_chunk_size: int = 64,
     normalize: bool = True,
     add_bos_token: bool = False,
     max_length: int | None = None,
     default_task: str | None = None,
     base_model: str | None = None,
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """Turn a recurrent causal LM (Mamba2, xLSTM, RWKV; folder or Hub id) into an embedder checkpoint.
 
-    The LM head is dropped: `AutoModel` loads the base model only.
+    The LM head is dropped: `AutoModel` loads the base model only. A mamba_ssm-layout Mamba2 (the
+    state-spaces releases) is detected and mapped onto transformers' Mamba2. `tokenizer` (a folder or
+    Hub id) overrides the source's own tokenizer, for releases that ship none.
     """
-    from lmk_embed.configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig
+    from lmk_embed.configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig, register_external_backbone
     from lmk_embed.modeling_recurrent import RecurrentEmbedModel
     from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
 
-    backbone = load_source_backbone(source)
+    mamba_ssm_folder = find_mamba_ssm_folder(source)
+    if mamba_ssm_folder is not None:
+        if tokenizer is None:
+            check_tokenizer_present(mamba_ssm_folder, MAMBA_SSM_TOKENIZER)
+        backbone = mamba2_from_mamba_ssm(mamba_ssm_folder)
+    else:
+        register_external_backbone(source_config(source))  # RWKV-7 lives in flash-linear-attention
+        backbone = load_source_backbone(source)
     config = RecurrentEmbedConfig(
         backbone_config=backbone_config_dict(backbone),
         schedule=schedule,
@@ -184,6 +197,207 @@ def convert_to_recurrent(
     model = RecurrentEmbedModel(config)
     check_position_limit("max_length", max_length, model.max_positions())
     copy_backbone_weights(model.backbone, backbone, ignore_prefixes=())
-    tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(source), **config.tokenizer_options())
+    tokenizer_source = (mamba_ssm_folder or source) if tokenizer is None else tokenizer
+    tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(tokenizer_source), **config.tokenizer_options())
     _ = tokenizer.eos_id, tokenizer.prefix_ids  # fail here, clearly, without EOS (or BOS when asked for)
     return save_checkpoint(model, tokenizer, output_dir)
+
+
+# ---- mamba_ssm-layout Mamba2 (the state-spaces/mamba2-* releases) ------------------------------
+#
+# transformers cannot load these folders: config.json has mamba_ssm's `MambaConfig` fields and the
+# weights sit under `backbone.*`. We map both onto `Mamba2Config` / `Mamba2Model` without importing
+# mamba_ssm (it does not install on CPU machines) and without unpickling anything but tensors.
+
+MAMBA_SSM_TOKENIZER = "EleutherAI/gpt-neox-20b"  # the tokenizer the state-spaces releases were trained with
+MAMBA_SSM_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+# mamba_ssm's `Mamba2.__init__` defaults: a release's `ssm_cfg` often gives only {"layer": "Mamba2"}.
+MAMBA2_DEFAULTS = {
+    "d_state": 128, "d_conv": 4, "expand": 2, "headdim": 64, "d_ssm": None, "ngroups": 1, "D_has_hdim": False,
+    "rmsnorm": True, "norm_before_gate": False, "dt_limit": (0.0, float("inf")), "bias": False, "conv_bias": True,
+    "chunk_size": 256,
+}
+# Keys that only shape the random initialisation or the kernels, never the forward.
+MAMBA2_INIT_ONLY = {"conv_init", "A_init_range", "dt_min", "dt_max", "dt_init_floor", "use_mem_eff_path", "layer"}
+# `MambaConfig` keys that transformers' Mamba2 has no counterpart for, with the only value it can take.
+MAMBA_SSM_FIXED = {"d_intermediate": 0, "rms_norm": True}
+MAMBA_SSM_KNOWN = {
+    "d_model", "n_layer", "vocab_size", "ssm_cfg", "attn_layer_idx", "attn_cfg", "residual_in_fp32",
+    "fused_add_norm", "pad_vocab_size_multiple", "tie_embeddings", *MAMBA_SSM_FIXED,
+}
+
+
+class ConversionError(ValueError):
+    """A source checkpoint we cannot convert; the message names the file and field."""
+
+
+def is_mamba_ssm_layout(config: dict) -> bool:
+    """A mamba_ssm `MambaConfig` (d_model, n_layer, ssm_cfg; no transformers `model_type`)."""
+    return "model_type" not in config and {"d_model", "n_layer"} <= config.keys()
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    """mamba_ssm rounds the embedding rows up to a multiple of `pad_vocab_size_multiple`."""
+    return vocab_size + (-vocab_size) % multiple
+
+
+def mamba2_config_from_mamba_ssm(config: dict, where: str = "config.json"):
+    """A mamba_ssm `MambaConfig` dict -> transformers `Mamba2Config`, refusing what Mamba2Model cannot run."""
+    from transformers import Mamba2Config
+
+    unknown = sorted(config.keys() - MAMBA_SSM_KNOWN)
+    if unknown:
+        raise ConversionError(f"{where}: unknown mamba_ssm field(s) {unknown}; refusing to guess what they change.")
+    if config.get("attn_layer_idx"):
+        raise ConversionError(
+            f"{where}: `attn_layer_idx` = {config['attn_layer_idx']} puts attention layers between the Mamba2 "
+            "layers (a hybrid); transformers' Mamba2Model has none, so this checkpoint cannot be converted."
+        )
+    for field, only in MAMBA_SSM_FIXED.items():
+        if config.get(field, only) != only:
+            raise ConversionError(f"{where}: `{field}` = {config[field]!r} is not supported (only {only!r}).")
+    ssm_cfg = dict(config.get("ssm_cfg") or {})
+    layer = ssm_cfg.get("layer", "Mamba1")  # mamba_ssm's own default when `layer` is absent
+    if layer != "Mamba2":
+        raise ConversionError(
+            f"{where}: `ssm_cfg.layer` is {layer!r} (mamba_ssm's default when `layer` is absent is Mamba1); "
+            "only Mamba2 layers convert."
+        )
+    unknown = sorted(ssm_cfg.keys() - MAMBA2_DEFAULTS.keys() - MAMBA2_INIT_ONLY)
+    if unknown:
+        raise ConversionError(f"{where}: unknown `ssm_cfg` field(s) {unknown}; refusing to guess what they change.")
+    ssm = {**MAMBA2_DEFAULTS, **{k: v for k, v in ssm_cfg.items() if k in MAMBA2_DEFAULTS}}
+    for field, only in {"D_has_hdim": False, "rmsnorm": True, "norm_before_gate": False}.items():
+        if ssm[field] != only:
+            raise ConversionError(f"{where}: `ssm_cfg.{field}` = {ssm[field]!r} is not supported by Mamba2Model (only {only!r}).")
+    d_model = config["d_model"]
+    d_inner = ssm["expand"] * d_model
+    d_ssm = d_inner if ssm["d_ssm"] is None else ssm["d_ssm"]
+    if not float(ssm["expand"]).is_integer():
+        raise ConversionError(f"{where}: `ssm_cfg.expand` = {ssm['expand']} is not an integer, as Mamba2Config needs.")
+    if d_ssm != d_inner:
+        raise ConversionError(
+            f"{where}: `ssm_cfg.d_ssm` = {d_ssm} differs from expand * d_model = {d_inner}: the rest would be a gated "
+            "MLP inside the mixer, which Mamba2Model does not have."
+        )
+    if d_ssm % ssm["headdim"] or d_ssm % ssm["ngroups"]:
+        raise ConversionError(f"{where}: d_ssm = {d_ssm} must divide by `headdim` ({ssm['headdim']}) and `ngroups` ({ssm['ngroups']}).")
+    return Mamba2Config(
+        vocab_size=padded_vocab_size(config["vocab_size"], config.get("pad_vocab_size_multiple", 8)),
+        hidden_size=d_model,
+        num_hidden_layers=config["n_layer"],
+        state_size=ssm["d_state"],
+        conv_kernel=ssm["d_conv"],
+        expand=int(ssm["expand"]),
+        head_dim=ssm["headdim"],
+        num_heads=d_ssm // ssm["headdim"],
+        n_groups=ssm["ngroups"],
+        use_bias=ssm["bias"],
+        use_conv_bias=ssm["conv_bias"],
+        time_step_limit=tuple(float(v) for v in ssm["dt_limit"]),
+        chunk_size=ssm["chunk_size"],
+        residual_in_fp32=config.get("residual_in_fp32", True),
+        tie_word_embeddings=config.get("tie_embeddings", True),
+        layer_norm_epsilon=1e-5,  # mamba_ssm's fixed eps for both the block norms and the gated norm
+        pad_token_id=None, bos_token_id=None, eos_token_id=None,  # the tokenizer's, not Mamba2Config's defaults
+    )
+
+
+def load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of one weight file: safetensors, or a torch pickle read with `weights_only=True` (tensors only)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # anything but plain tensors is refused by weights_only
+        raise ConversionError(f"{path.name}: cannot be read as plain tensors (weights_only=True): {error}") from None
+    if not isinstance(state, dict):
+        raise ConversionError(f"{path.name}: expected a dict of tensors, got {type(state).__name__}.")
+    return state
+
+
+def mamba2_state_dict_from_mamba_ssm(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """`backbone.*` weights renamed for transformers' `Mamba2Model` (LM head dropped) and the file's name."""
+    for name in MAMBA_SSM_WEIGHT_FILES:
+        if (folder / name).is_file():
+            break
+    else:
+        raise ConversionError(f"{folder}: no weights; expected one of {list(MAMBA_SSM_WEIGHT_FILES)}.")
+    state = {}
+    for key, tensor in load_tensor_file(folder / name).items():
+        if key == "lm_head.weight":
+            continue  # the embedder has no LM head (tied releases store it as a second name of the embedding)
+        if not key.startswith("backbone."):
+            raise ConversionError(f"{name}: unexpected weight {key!r} (mamba_ssm keeps the model under `backbone.`).")
+        key = key.removeprefix("backbone.")
+        state["embeddings.weight" if key == "embedding.weight" else key] = tensor
+    return state, name
+
+
+def mamba2_from_mamba_ssm(folder: str | Path):
+    """A mamba_ssm-layout folder -> transformers `Mamba2Model` holding its weights (float32)."""
+    from transformers import Mamba2Model
+
+    folder = Path(folder)
+    config = mamba2_config_from_mamba_ssm(json.loads((folder / "config.json").read_text()))
+    state, name = mamba2_state_dict_from_mamba_ssm(folder)
+    model = Mamba2Model(config)
+    expected = model.state_dict()
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    if missing or unexpected:
+        raise ConversionError(f"{name} does not match config.json: missing={missing[:8]}, unexpected={unexpected[:8]}.")
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            raise ConversionError(
+                f"{name}: `backbone.{key}` has shape {tuple(tensor.shape)}; config.json implies {tuple(expected[key].shape)}."
+            )
+    model.load_state_dict({key: tensor.float() for key, tensor in state.items()})
+    return model
+
+
+def check_tokenizer_present(folder: Path, release_tokenizer: str) -> None:
+    """mamba_ssm releases ship no tokenizer: say which one they expect instead of failing in transformers."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConversionError(
+            f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}). mamba_ssm releases are trained with "
+            f"{release_tokenizer}'s tokenizer: copy its files into the folder, or pass `tokenizer=` (--tokenizer)."
+        )
+
+
+def source_config(source: str | Path) -> dict | None:
+    """The source's config.json as a dict (a Hub id's is downloaded), or None where there is none to read."""
+    path = Path(source)
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            return None
+        try:
+            config = json.loads(config_path.read_text())
+        except json.JSONDecodeError as error:
+            raise ConversionError(f"{config_path}: not valid JSON ({error}).") from None
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            config = json.loads(Path(hf_hub_download(str(source), "config.json")).read_text())
+        except Exception:  # unreachable or not a repository: the transformers path reports it
+            return None
+    return config if isinstance(config, dict) else None
+
+
+def find_mamba_ssm_folder(source: str | Path) -> Path | None:
+    """The local folder of a mamba_ssm-layout source (a Hub id is downloaded), or None for any other layout."""
+    config = source_config(source)
+    if config is None or not is_mamba_ssm_layout(config):
+        return None
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+
+    patterns = ["config.json", *MAMBA_SSM_WEIGHT_FILES, *TOKENIZER_FILES, "special_tokens_map.json", "merges.txt"]
+    return Path(snapshot_download(str(source), allow_patterns=patterns))

@@ -1,0 +1,9 @@
+"""Corpus-scale encoding (`lmk-embed encode-corpus`): a checkpoint's own `encode()` over jsonl,
+csv, parquet or a saved `datasets` dataset, into resumable parquet shards with a manifest, on
+local worker processes or a Ray cluster.
+"""
+
+from .encode import CorpusSettingsError, encode_corpus
+from .inputs import CorpusInputError
+
+__all__ = ["encode_corpus", "CorpusInputError", "CorpusSettingsError"]

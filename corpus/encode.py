@@ -1,0 +1,244 @@
+"""`encode_corpus`: embed every row of INPUT into resumable parquet shards in OUTPUT_DIR."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from . import shards as shard_files
+from .inputs import CorpusInputError, check_sources, resolve_sources
+
+ENGINES = ("local", "ray")
+OUTPUT_VALUES = ("embedding", "landmarks")
+DTYPES = ("float32", "float16")
+PROMPT_NAMES = ("document", "query")
+# Files whose bytes decide a local checkpoint's outputs (its README does not).
+_MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".py", ".txt", ".model")
+
+
+class CorpusSettingsError(ValueError):
+    """OUTPUT_DIR holds shards made otherwise; the message lists each setting that differs."""
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+    return value
+
+
+def _choice(name: str, value, choices) -> str:
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def describe_model(model: str) -> tuple[dict, Path]:
+    """The model's identity for the manifest, and the local folder holding its files.
+
+    A folder is identified by a sha256 over the files that decide its outputs; a Hub id by the
+    commit of the snapshot it resolves to (offline: the cached one).
+    """
+    path = Path(model)
+    if path.is_dir():
+        digest = hashlib.sha256()
+        for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES):
+            digest.update(file.name.encode() + b"\0")
+            with open(file, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        return {"source": str(path.resolve()), "revision": None, "sha256": "sha256:" + digest.hexdigest()}, path
+    if path.exists():
+        raise ValueError(f"MODEL {model!r} is a file; give the checkpoint's folder or a Hub id")
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(model))
+    except Exception as error:
+        raise ValueError(f"cannot find MODEL {model!r} (not a folder, and not on the Hub or in its cache): "
+                         f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from None
+    return {"source": model, "revision": folder.name, "sha256": None}, folder
+
+
+def _prompt(folder: Path, prompt_name: str) -> str:
+    """The prompt `prompt_name` names in config_sentence_transformers.json (sentence-transformers'
+    `prompt_name`); a checkpoint without that file has no prompts."""
+    path = folder / "config_sentence_transformers.json"
+    prompts = json.loads(path.read_text()).get("prompts", {}) if path.is_file() else {}
+    if prompt_name not in prompts:
+        if prompt_name == "document" and not prompts:
+            return ""
+        raise ValueError(f"`prompt_name` {prompt_name!r} is not among the model's prompts {sorted(prompts)}")
+    return prompts[prompt_name]
+
+
+def _dimension(model: dict) -> int:
+    from transformers import AutoConfig
+
+    kwargs = {"revision": model["revision"]} if model.get("revision") else {}
+    return int(AutoConfig.from_pretrained(model["source"], trust_remote_code=True, **kwargs).embedding_dim)
+
+
+def _check_output_dir(output_dir: Path) -> dict | None:
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"OUTPUT_DIR {str(output_dir)!r} is a file")
+    manifest = shard_files.read_manifest(output_dir) if output_dir.is_dir() else None
+    if manifest is None and output_dir.is_dir() and any(output_dir.iterdir()):
+        raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} is not empty and has no {shard_files.MANIFEST}; "
+                                  "it was not written by encode-corpus (give an empty or new folder)")
+    if manifest is not None and manifest.get("format") != shard_files.FORMAT:
+        raise CorpusSettingsError(f"{output_dir / shard_files.MANIFEST} has format {manifest.get('format')!r}, "
+                                  f"not {shard_files.FORMAT!r}")
+    return manifest
+
+
+def encode_corpus(
+    model: str,
+    input: str,
+    output_dir: str | os.PathLike,
+    *,
+    text_field: str = "text",
+    id_field: str = "id",
+    path_field: str | None = None,
+    batch_size: int = 32,
+    max_length: int | None = None,
+    prompt_name: str = "document",
+    output_value: str = "embedding",
+    engine: str = "local",
+    num_workers: int = 1,
+    shard_size: int = 10_000,
+    dtype: str = "float32",
+    ray_address: str | None = None,
+    gpus_per_worker: float = 0,
+    show_progress_bar: bool = True,
+) -> dict:
+    """Embed every row of `input` with `model`'s own `encode()` into parquet shards in `output_dir`.
+
+    With `path_field`, each row names a UTF-8 text file (relative to its input file's folder)
+    instead of holding the text; recurrent models stream it (flat memory in its length).
+    Shard k holds input rows [k * shard_size, (k + 1) * shard_size) in input order, as columns
+    `id`, `embedding` (fixed_size_list<dtype>[D]) and, for `output_value="landmarks"`,
+    `landmarks` (list of [D] vectors per row) and `landmark_spans` (their [start, end) characters).
+    A rerun with the same settings skips complete shards; with other settings it raises
+    `CorpusSettingsError`. batch_size, engine and num_workers are not settings: they may change
+    between runs (batch composition may move the last bits of a vector).
+
+    Returns the summary: {"rows", "truncated", "empty", "tokens", "shards", "shards_skipped", "shards_written"}.
+    """
+    _positive("batch_size", batch_size)
+    _positive("num_workers", num_workers)
+    _positive("shard_size", shard_size)
+    if max_length is not None:
+        _positive("max_length", max_length)
+    _choice("engine", engine, ENGINES)
+    _choice("output_value", output_value, OUTPUT_VALUES)
+    _choice("dtype", dtype, DTYPES)
+    _choice("prompt_name", prompt_name, PROMPT_NAMES)
+    for name, value in (("text_field", text_field), ("id_field", id_field), ("path_field", path_field)):
+        if name == "path_field" and value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"`{name}` must be a non-empty string, got {value!r}")
+
+    output_dir = Path(output_dir)
+    manifest = _check_output_dir(output_dir)
+    sources = resolve_sources(input)
+    found = check_sources(sources, text_field, id_field, path_field)
+    identity, folder = describe_model(model)
+    settings = {
+        "model": {k: v for k, v in identity.items() if k != "source"},
+        "input": [{"fingerprint": s.fingerprint, "rows": s.rows} for s in sources],
+        "text_field": None if path_field else text_field, "path_field": path_field, "id_field": id_field,
+        "max_length": max_length, "prompt_name": prompt_name,
+        "prompt": _prompt(folder, prompt_name), "output_value": output_value, "shard_size": shard_size, "dtype": dtype,
+    }
+    if manifest is not None:
+        differences = shard_files.setting_differences(manifest["settings"], settings)
+        if differences:
+            raise CorpusSettingsError(
+                f"OUTPUT_DIR {str(output_dir)!r} holds shards made with other settings ("
+                + "; ".join(differences) + "); use another OUTPUT_DIR, or delete this one to start over")
+
+    total = found["rows"]
+    plan = [{"index": k, "start": start, "stop": min(start + shard_size, total)}
+            for k, start in enumerate(range(0, total, shard_size))]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    shard_files.remove_temporaries(output_dir)
+    recorded = {r["index"]: r for r in (manifest or {}).get("shards", [])}
+    done = {}
+    for shard in plan:
+        record = shard_files.verify_shard(output_dir, shard["index"], shard["stop"] - shard["start"],
+                                          recorded.get(shard["index"]))
+        if record is not None:
+            done[shard["index"]] = {"index": shard["index"], **{k: v for k, v in record.items() if k != "index"}}
+    skipped = len(done)
+
+    manifest = {
+        "format": shard_files.FORMAT,
+        "model": identity,
+        "settings": settings,
+        "input": {"paths": [s.path for s in sources], "formats": [s.format for s in sources], "rows": total},
+        "dimension": _dimension(identity),
+        "num_shards": len(plan),
+        "shards": [],
+        "complete": False,
+    }
+
+    def save() -> None:
+        manifest["shards"] = [done[k] for k in sorted(done)]
+        shard_files.write_manifest(output_dir, manifest)
+
+    save()
+    pending = [shard for shard in plan if shard["index"] not in done]
+    # Absolute paths: spawned processes and Ray actors may run elsewhere than this working directory.
+    job = {"model": identity, "sources": [{**vars(s), "path": os.path.abspath(s.path)} for s in sources],
+           "settings": settings,
+           "output_dir": str(output_dir.resolve()), "batch_size": batch_size}
+    _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_address, gpus_per_worker)
+
+    rows = [done[k] for k in sorted(done)]
+    summary = {
+        "rows": sum(r["rows"] for r in rows), "truncated": sum(r["truncated"] for r in rows),
+        "empty": sum(r["empty"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
+        "shards": len(plan), "shards_skipped": skipped, "shards_written": len(plan) - skipped,
+    }
+    manifest["complete"] = True
+    manifest["counts"] = {k: summary[k] for k in ("rows", "truncated", "empty", "tokens")}
+    save()
+    return summary
+
+
+def _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_address, gpus_per_worker) -> None:
+    """Run `engine` over `pending`, recording each finished shard in the manifest at once."""
+    from tqdm.auto import tqdm
+
+    from .engines import run_local, run_ray
+
+    if not pending:
+        return
+    progress = tqdm(total=sum(s["stop"] - s["start"] for s in pending), unit="doc", desc="Encoding corpus",
+                    disable=not show_progress_bar)
+    started, tokens = time.perf_counter(), [0]
+
+    def on_progress(rows: int, batch_tokens: int) -> None:
+        tokens[0] += batch_tokens
+        progress.set_postfix_str(f"{tokens[0] / max(time.perf_counter() - started, 1e-9):,.0f} tok/s", refresh=False)
+        progress.update(rows)
+
+    def on_done(record: dict) -> None:
+        done[record["index"]] = record
+        save()
+
+    try:
+        if engine == "local":
+            run_local(job, pending, num_workers, on_done, on_progress)
+        else:
+            run_ray(job, pending, num_workers, on_done, on_progress, address=ray_address,
+                    gpus_per_worker=gpus_per_worker)
+    finally:
+        progress.close()
+
+
+__all__ = ["encode_corpus", "CorpusInputError", "CorpusSettingsError", "describe_model"]

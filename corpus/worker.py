@@ -1,0 +1,139 @@
+"""One model copy that encodes whole shards: the unit of work of both engines.
+
+A worker reads its shard's rows from INPUT itself (so the driver never holds the corpus), sorts
+them longest first, calls the checkpoint's own `encode()` one batch at a time (landmarks and
+vertical chunking included), and writes the shard in input order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from copy import deepcopy
+from pathlib import Path
+
+import numpy as np
+
+from .inputs import Source, is_blank_file, read_range
+from .shards import shard_table, write_shard
+
+# Characters per piece when a streamed document's tokens are counted.
+_PIECE_CHARS = 1 << 16
+# encode() reports truncation in one warning per call: "{count} of {total} texts were longer ...".
+_TRUNCATION = re.compile(r"^(\d+) of (\d+) texts were longer than max_length")
+
+
+def load_model(model: dict, device=None):
+    """The checkpoint's AutoModel (its own code, `trust_remote_code=True`), in eval mode."""
+    from transformers import AutoModel
+
+    kwargs = {"revision": model["revision"]} if model.get("revision") else {}
+    loaded = AutoModel.from_pretrained(model["source"], trust_remote_code=True, **kwargs)
+    if device is not None:
+        loaded.to(device)
+    return loaded.eval()
+
+
+class ShardEncoder:
+    """Encodes shards described by `{"index": k, "start": i, "stop": j}` (global input rows [i, j)).
+
+    `job` is the plain dict `encode_corpus` builds (model, sources, settings, output_dir,
+    batch_size), so the same object runs in this process, in a spawned process or as a Ray actor.
+    Ray Data calls it as a callable class: `__call__({"shard": [json, ...]}) -> {"record": [json, ...]}`.
+    """
+
+    def __init__(self, job: dict, device=None, num_threads: int | None = None):
+        import torch
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.job = job
+        self.settings = job["settings"]
+        self.sources = [Source(**source) for source in job["sources"]]
+        self.model = load_model(job["model"], device)
+        # A private copy that never truncates: counts every token of the input, for tokens/s.
+        self._counter = deepcopy(self.model.tokenizer.backend_tokenizer)
+        self._counter.no_truncation()
+        self._counter.no_padding()
+
+    def _pieces(self, path: Path):
+        with open(path, encoding="utf-8") as handle:
+            while piece := handle.read(_PIECE_CHARS):
+                yield piece
+
+    def _count_tokens(self, texts: list) -> int:
+        """Content tokens of each text (no special tokens, no truncation); a streamed file is
+        counted piece by piece, never held whole."""
+        strings = [t for t in texts if isinstance(t, str)]
+        count = sum(len(e.ids) for e in self._counter.encode_batch(strings, add_special_tokens=False))
+        for path in (t for t in texts if isinstance(t, Path)):
+            count += sum(len(ids) for ids in self.model.tokenizer.stream_content_ids(self._pieces(path)))
+        return count
+
+    def _readable(self, texts: list) -> list:
+        """Paths stay paths for a model that streams them (recurrent: vertical schedule, flat
+        memory); other models get the file's text."""
+        if getattr(self.model, "supports_streaming", False):
+            return texts
+        return [t.read_text(encoding="utf-8") if isinstance(t, Path) else t for t in texts]
+
+    def _encode_batch(self, texts: list) -> tuple[np.ndarray, list | None, int]:
+        """texts (strings, or Paths of text files) -> (embeddings float32 [b, D], landmarks per
+        text or None, number truncated)."""
+        options = {"batch_size": len(texts), "max_length": self.settings["max_length"],
+                   "prompt": self.settings["prompt"] or None, "show_progress_bar": False}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            embeddings = self.model.encode(texts, **options)
+            landmarks = None
+            if self.settings["output_value"] == "landmarks":
+                landmarks = self.model.encode(texts, output_value="landmarks", **options)
+        truncated = None
+        for warning in caught:
+            match = _TRUNCATION.match(str(warning.message))
+            if match and truncated is None:  # the landmarks call repeats the same count
+                truncated = int(match.group(1))
+            elif not match:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        return np.asarray(embeddings, dtype=np.float32), landmarks, truncated or 0
+
+    def encode_shard(self, shard: dict, progress=None) -> dict:
+        """Encode and write one shard; returns its manifest record (with "index").
+
+        progress(rows, tokens) is called after each batch.
+        """
+        ids, texts = read_range(self.sources, shard["start"], shard["stop"], self.settings["text_field"],
+                                self.settings["id_field"], self.settings.get("path_field"))
+        # Longest first, as encode() does: similar lengths share a batch (less padding).
+        lengths = [os.path.getsize(t) if isinstance(t, Path) else len(t) for t in texts]
+        order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+        batch_size = self.job["batch_size"]
+        embeddings, landmarks = None, [None] * len(texts)
+        truncated = tokens = 0
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            batch = self._readable([texts[i] for i in rows])
+            vectors, batch_landmarks, batch_truncated = self._encode_batch(batch)
+            if embeddings is None:
+                embeddings = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
+            embeddings[rows] = vectors  # back to input order
+            for row, item in zip(rows, batch_landmarks or []):
+                landmarks[row] = {"embeddings": np.asarray(item["embeddings"]), "spans": item["spans"]}
+            batch_tokens = self._count_tokens(batch)
+            truncated += batch_truncated
+            tokens += batch_tokens
+            if progress is not None:
+                progress(len(rows), batch_tokens)
+        if embeddings is None:  # an empty shard cannot happen (shards are non-empty ranges)
+            raise ValueError(f"shard {shard['index']} has no rows")
+        empty = sum(is_blank_file(t) if isinstance(t, Path) else not t.strip() for t in texts)
+        counts = {"truncated": truncated, "empty": empty, "tokens": tokens}
+        with_landmarks = self.settings["output_value"] == "landmarks"
+        table = shard_table(ids, embeddings, self.settings["dtype"], landmarks if with_landmarks else None)
+        return {"index": shard["index"], **write_shard(self.job["output_dir"], shard["index"], table, counts)}
+
+    def __call__(self, batch: dict) -> dict:
+        records = [self.encode_shard(json.loads(item)) for item in batch["shard"]]
+        return {"record": np.array([json.dumps(record) for record in records], dtype=object)}

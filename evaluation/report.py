@@ -1,0 +1,37 @@
+"""Writing a long-context evaluation: JSON, per-length tables, a PNG per metric, and card records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .table import format_length_table, plot_rows
+
+REPORTED = ("ndcg_at_1", "ndcg_at_10")
+
+
+def write_report(rows: list[dict], folder: str | Path, settings: dict, metrics=REPORTED) -> dict[str, Path]:
+    """`results.json` ({"settings", "rows"}), `results.txt` (a table per metric, mean over lengths)
+    and `results_<metric>.png` (one panel per task, one line per model)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for metric in metrics:
+        paths[metric] = plot_rows(rows, folder / f"results_{metric}.png", metric)
+    paths["json"] = folder / "results.json"
+    paths["json"].write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+    paths["table"] = folder / "results.txt"
+    paths["table"].write_text("\n\n".join(format_length_table(rows, metric) for metric in metrics) + "\n")
+    return paths
+
+
+def card_records(rows: list[dict], model: str, metric: str = "ndcg_at_1") -> tuple[list[dict], list[dict]]:
+    """(results, baselines) in `model_cards.record_results`' format: `model`'s rows, then every other model's."""
+    results, baselines = [], []
+    for row in rows:
+        record = {"dataset": row["split"], "metric": metric, "value": row[metric], "max_length": row["max_length"]}
+        if row["model"] == model:
+            results.append({**record, "dataset_type": "synthetic" if row["split"] in ("passkey", "needle") else "local", "split": "test"})
+        else:
+            baselines.append({"model": row["model"], **record})
+    return results, baselines

@@ -1,0 +1,169 @@
+"""Retrievers the long-context runner scores: a dense model, landmark multi-vector, and BM25.
+
+Each has `name`, `limit` (its position limit in tokens, or None) and
+`scores(queries, documents, max_length, cache) -> float32 [Q, N]`. Dense models are any object
+with `encode_query` / `encode_document`: our AutoModel classes (max length passed per call) or a
+plain SentenceTransformer such as the untouched base (its `max_seq_length` set per call).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+
+from .cache import EmbeddingCache, cache_key, data_hash, model_hash
+
+
+def _normalize(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+
+def _is_sentence_transformer(model) -> bool:
+    return hasattr(model, "max_seq_length")
+
+
+def position_limit(model) -> int | None:
+    """The longest input `model` can read: its own default for our models, the backbone's position
+    embeddings (or the tokenizer's limit) for a SentenceTransformer; None when unbounded."""
+    if _is_sentence_transformer(model):
+        config = getattr(getattr(model[0], "auto_model", None), "config", None)
+        limits = [getattr(config, "max_position_embeddings", None), getattr(model.tokenizer, "model_max_length", None)]
+        limits = [int(n) for n in limits if n is not None and n < 10**7]
+        return min(limits) if limits else None
+    return model.default_max_length()
+
+
+@contextmanager
+def _quiet_truncation():
+    with warnings.catch_warnings():  # truncation at max_length is the point of a length curve
+        warnings.filterwarnings("ignore", message=".*truncated.*")
+        yield
+
+
+class DenseRetriever:
+    """Cosine similarity of `encode_query` and `encode_document` vectors (`encode_kwargs` go to both,
+    e.g. granularity=64 or schedule="vertical")."""
+
+    def __init__(self, model, name: str, batch_size: int = 8, progress: bool = True, **encode_kwargs):
+        self.model, self.name, self.batch_size, self.progress = model, name, batch_size, progress
+        self.encode_kwargs = encode_kwargs
+        self.limit = position_limit(model)
+        self._digest = None
+
+    def effective_length(self, max_length: int) -> int:
+        return max_length if self.limit is None else min(max_length, self.limit)
+
+    def _encode(self, method: str, texts: list[str], max_length: int, **extra):
+        kwargs = dict(batch_size=self.batch_size, **self.encode_kwargs, **extra)
+        if _is_sentence_transformer(self.model):
+            self.model.max_seq_length = max_length
+        else:
+            kwargs["max_length"] = max_length
+        with _quiet_truncation():
+            return getattr(self.model, method)(texts, show_progress_bar=self.progress and len(texts) > self.batch_size,
+                                               **kwargs)
+
+    def settings(self, max_length: int, **extra) -> dict:
+        return {"class": type(self.model).__qualname__, "max_length": self.effective_length(max_length),
+                **self.encode_kwargs, **extra}
+
+    def corpus_key(self, documents: dict[str, str], max_length: int, **extra) -> str:
+        if self._digest is None:
+            self._digest = model_hash(self.model)
+        return cache_key(self._digest, self.settings(max_length, **extra), data_hash(documents))
+
+    def corpus_vectors(self, documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> np.ndarray:
+        """[N, D] unit vectors of the documents, from the cache when the same model, settings and data were seen."""
+        key = self.corpus_key(documents, max_length)
+        length = self.effective_length(max_length)
+        return cache.get_or_compute(key, lambda: _normalize(np.asarray(
+            self._encode("encode_document", list(documents.values()), length), dtype=np.float32)))
+
+    def query_vectors(self, queries: list[str], max_length: int) -> np.ndarray:
+        return _normalize(np.asarray(self._encode("encode_query", queries, self.effective_length(max_length)), dtype=np.float32))
+
+    def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> np.ndarray:
+        corpus, query = self.corpus_vectors(documents, max_length, cache), self.query_vectors(queries, max_length)
+        started = time.perf_counter()
+        scores = query @ corpus.T
+        self.scoring_seconds = time.perf_counter() - started  # the index side's cost, against multi-vector
+        return scores
+
+
+class MultiVectorRetriever(DenseRetriever):
+    """Late interaction over an LMK model's landmark vectors, from the same single encoder pass.
+
+    `mode="max"`: max over landmarks of cos(query, landmark). `mode="hybrid"`: `alpha` * that max
+    + (1 - alpha) * cos(query, single-vector LMK embedding) (the mean of the landmark states)."""
+
+    def __init__(self, model, name: str, mode: str = "max", alpha: float = 0.5, **kwargs):
+        if mode not in ("max", "hybrid"):
+            raise ValueError(f"`mode` must be 'max' or 'hybrid', got {mode!r}")
+        super().__init__(model, name, **kwargs)
+        self.mode, self.alpha = mode, alpha
+        self.vectors_per_document = None
+
+    def landmark_vectors(self, documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> list[np.ndarray]:
+        """Per document, its raw (unnormalised) landmark states [n_i, D]; cached like corpus vectors."""
+        key = self.corpus_key(documents, max_length, output_value="landmarks", normalize=False)
+
+        def compute():
+            out = self._encode("encode_document", list(documents.values()), self.effective_length(max_length),
+                               output_value="landmarks", normalize=False)
+            return [np.asarray(item["embeddings"], dtype=np.float32) for item in out]
+
+        return cache.get_or_compute(key, compute)
+
+    def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> np.ndarray:
+        landmarks = self.landmark_vectors(documents, max_length, cache)
+        self.vectors_per_document = float(np.mean([len(v) for v in landmarks]))
+        query = self.query_vectors(queries, max_length)
+        started = time.perf_counter()
+        scores = late_interaction_scores(query, landmarks, self.mode, self.alpha)
+        self.scoring_seconds = time.perf_counter() - started
+        return scores
+
+
+def late_interaction_scores(queries: np.ndarray, landmarks: list[np.ndarray], mode: str = "max",
+                            alpha: float = 0.5) -> np.ndarray:
+    """queries [Q, D] (unit), landmarks: per document [n_i, D] raw states -> scores [Q, N].
+
+    max: max_i cos(q, l_i); mean: cos(q, mean_i l_i) (single-vector LMK); hybrid: alpha*max + (1-alpha)*mean."""
+    if any(len(v) == 0 for v in landmarks):
+        raise ValueError("every document needs at least one landmark vector")
+    flat = _normalize(np.concatenate(landmarks))
+    starts = np.cumsum([0] + [len(v) for v in landmarks[:-1]])
+    similarity = queries @ flat.T  # [Q, total landmarks]; a document's landmarks are contiguous
+    best = np.maximum.reduceat(similarity, starts, axis=1)  # per document, its best landmark
+    if mode == "max":
+        return best
+    mean = queries @ _normalize(np.stack([v.mean(0) for v in landmarks])).T
+    if mode == "mean":
+        return mean
+    return alpha * best + (1 - alpha) * mean
+
+
+class BM25Retriever:
+    """BM25 (bm25s, English stopwords) over whole documents: the sanity baseline; it reads every token."""
+
+    limit = None
+
+    def __init__(self, name: str = "BM25"):
+        self.name = name
+
+    def effective_length(self, max_length: int) -> None:
+        return None
+
+    def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache=None) -> np.ndarray:
+        import bm25s
+
+        retriever = bm25s.BM25()
+        retriever.index(bm25s.tokenize(list(documents.values()), stopwords="en", show_progress=False), show_progress=False)
+        started = time.perf_counter()  # the index is built above; this is the search
+        tokenized = bm25s.tokenize(queries, stopwords="en", return_ids=False, show_progress=False)
+        scores = np.stack([retriever.get_scores(tokens) for tokens in tokenized]).astype(np.float32)
+        self.scoring_seconds = time.perf_counter() - started
+        return scores
