@@ -259,6 +259,32 @@ def test_sentence_transformers_prompts(mamba2_checkpoint):
     assert config["prompts"]["document"] == ""
 
 
+# ---- real release shapes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("time_step_limit", [(0.0, float("inf")), (0.02, 0.3)])
+def test_codestral_shaped_mamba2_vertical_matches_transformers(time_step_limit):
+    """Mamba-Codestral-7B's layout at toy width: 8 groups, head_dim 64, conv bias, fp32 residual,
+    gate applied before the norm (its `norm_before_gate: false`), and a time-step clamp."""
+    torch.manual_seed(0)
+    backbone = tiny_mamba2_config(
+        vocab_size=300, hidden_size=256, num_heads=8, head_dim=64, n_groups=8, state_size=16, expand=2,
+        use_conv_bias=True, use_bias=False, residual_in_fp32=True, norm_before_gate=False,
+        time_step_limit=time_step_limit, chunk_size=Q,
+    )
+    model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=V)).eval()
+    for module in model.backbone.modules():  # non-trivial conv biases and time-step biases
+        if isinstance(module, torch.nn.Conv1d) and module.bias is not None:
+            torch.nn.init.normal_(module.bias, std=0.5)
+    lengths = [3 * V + 17, V + 1, Q, 1]
+    ids = torch.randint(1, 300, (len(lengths), max(lengths)))
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    with torch.no_grad():
+        vertical = model(ids, mask, schedule="vertical").embeddings
+        expected = torch.stack([model.backbone(ids[i : i + 1, :n]).last_hidden_state[0, -1] for i, n in enumerate(lengths)])
+    assert (vertical - expected).abs().max() <= 1e-4
+
+
 # ---- xLSTM ----------------------------------------------------------------------------------------
 
 
