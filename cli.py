@@ -454,6 +454,8 @@ def _run_analyze(args) -> int:
         else:
             print(f"{label}: {result['landmarks']} landmarks, Hits@k " + json.dumps(result["hits"]))
     print(f"Wrote {out / args.analysis}.json and .png")
+    return 0
+
 
 # ---- encode-corpus ---------------------------------------------------------------------------------
 

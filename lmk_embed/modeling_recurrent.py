@@ -184,8 +184,11 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
 
 @functools.lru_cache(maxsize=16)
 def _future_mask(q: int, device: torch.device) -> torch.Tensor:
-    """[q, q] True above the diagonal (s > l): built once per chunk size, not once per call."""
-    return torch.ones(q, q, dtype=torch.bool, device=device).triu(1)
+    """[q, q] True above the diagonal (s > l): built once per chunk size, not once per call.
+
+    Built outside inference mode: a cached inference tensor could not be saved for a later backward."""
+    with torch.inference_mode(False):
+        return torch.ones(q, q, dtype=torch.bool, device=device).triu(1)
 
 
 def causal_conv_with_state(inputs, weight, bias, state):
