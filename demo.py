@@ -104,10 +104,11 @@ def convert_bases(out_dir: Path, recipe: dict) -> dict[str, Path]:
 
 def finetune(base: Path, name: str, train_file: Path, out_dir: Path, steps: int, recipe: dict) -> Path:
     from training import TrainConfig, train
+    from training.recipe import training_fields
 
-    fields = {k: v for k, v in recipe.items() if k not in ("splitter", "granularity", "granularities", "teacher_max_length")}
     run = train(TrainConfig(model=str(base), output_dir=str(out_dir / f"run-{name}"), train_data=str(train_file),
-                            eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=20, seed=0, **fields))
+                            eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=20, seed=0,
+                            **training_fields(recipe)))
     return Path(run["final_dir"])
 
 

@@ -31,6 +31,17 @@ def reference_eos_states(model, ids_rows):
         return torch.stack([reference(torch.tensor([ids])).last_hidden_state[0, -1] for ids in ids_rows])
 
 
+def padded_batch(lengths, vocab_size, low=1):
+    """Random ids [b, max(lengths)] from [low, vocab_size), and the attention mask of `lengths`."""
+    ids = torch.randint(low, vocab_size, (len(lengths), max(lengths)))
+    return ids, (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+
+
+def last_states_row_by_row(backbone, ids, lengths, **kwargs):
+    """The backbone's own full forward on each row's real tokens: the final-layer state at its last token."""
+    return torch.stack([backbone(ids[i : i + 1, :n], **kwargs).last_hidden_state[0, -1] for i, n in enumerate(lengths)])
+
+
 # ---- the scan --------------------------------------------------------------------------------
 
 
@@ -273,15 +284,14 @@ def test_codestral_shaped_mamba2_vertical_matches_transformers(time_step_limit):
         time_step_limit=time_step_limit, chunk_size=Q,
     )
     model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=V)).eval()
-    for module in model.backbone.modules():  # non-trivial conv biases and time-step biases
+    for module in model.backbone.modules():  # non-zero conv biases, so that use_conv_bias matters
         if isinstance(module, torch.nn.Conv1d) and module.bias is not None:
             torch.nn.init.normal_(module.bias, std=0.5)
     lengths = [3 * V + 17, V + 1, Q, 1]
-    ids = torch.randint(1, 300, (len(lengths), max(lengths)))
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    ids, mask = padded_batch(lengths, 300)
     with torch.no_grad():
         vertical = model(ids, mask, schedule="vertical").embeddings
-        expected = torch.stack([model.backbone(ids[i : i + 1, :n]).last_hidden_state[0, -1] for i, n in enumerate(lengths)])
+        expected = last_states_row_by_row(model.backbone, ids, lengths)
     assert (vertical - expected).abs().max() <= 1e-4
 
 
@@ -299,14 +309,11 @@ def test_xlstm_vertical_matches_horizontal_and_reference(qk_dim_factor):
     )
     model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=V)).eval()
     lengths = [3 * V + 17, V + 1, Q, 1]
-    ids = torch.randint(3, 300, (len(lengths), max(lengths)))
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    ids, mask = padded_batch(lengths, 300, low=3)
     with torch.no_grad():
         vertical = model(ids, mask, schedule="vertical").embeddings
         horizontal = model(ids, mask, schedule="horizontal").embeddings
-        expected = torch.stack(
-            [model.backbone(ids[i : i + 1, :n], use_cache=False).last_hidden_state[0, -1] for i, n in enumerate(lengths)]
-        )
+        expected = last_states_row_by_row(model.backbone, ids, lengths, use_cache=False)
     assert (vertical - expected).abs().max() <= 1e-4
     assert (horizontal - expected).abs().max() <= 1e-4
 
@@ -403,9 +410,8 @@ def test_rwkv_vertical_matches_horizontal():
                           intermediate_size=64, context_length=1024, bos_token_id=0, eos_token_id=0)
     model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=7)).eval()
     lengths = [23, 7, 8, 1]
-    ids = torch.randint(1, 200, (len(lengths), max(lengths)))
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    ids, mask = padded_batch(lengths, 200)
     with torch.no_grad():
         vertical = model(ids, mask, schedule="vertical").embeddings
-        expected = torch.stack([model.backbone(ids[i : i + 1, :n]).last_hidden_state[0, -1] for i, n in enumerate(lengths)])
+        expected = last_states_row_by_row(model.backbone, ids, lengths)
     assert (vertical - expected).abs().max() <= 1e-4

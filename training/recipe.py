@@ -124,3 +124,9 @@ RECIPE = {
     "granularity": 32,
     "granularities": [32, 64, 128],
 }
+
+
+def training_fields(recipe: dict) -> dict:
+    """The recipe's `TrainConfig` fields: its LMK layout keys go to the conversion instead, and the
+    teacher's max length to the rows (`add_teacher_embeddings`)."""
+    return {k: v for k, v in recipe.items() if k not in ("splitter", "granularity", "granularities", "teacher_max_length")}
