@@ -1,6 +1,10 @@
 """The documentation corpora, negative mining and the evaluation table (issue: fine-tuning that beats its base)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,7 +96,7 @@ def test_build_corpus_caches_and_dedups_across_sources(tmp_path, monkeypatch):
         calls.append(source)
         return fake[source]
 
-    monkeypatch.setattr(corpora, "source_items", fake_items)
+    monkeypatch.setattr(corpora, "rendered_source_items", fake_items)
     first = build_corpus(tmp_path, sources=("torch", "scientific"))
     assert [i.name for i in first["torch"]] == ["x.f"]
     assert [i.name for i in first["scientific"]] == ["y.g"]  # the copy stays with the training source
@@ -183,3 +187,32 @@ def test_teacher_scores_are_the_teachers_cosines(minilm_path):
         candidates = teacher.encode([row["positive"], *row["negatives"]], normalize_embeddings=True)
         np.testing.assert_allclose(row["teacher_scores"], candidates @ q, atol=1e-5)
         assert row["teacher_scores"][0] == max(row["teacher_scores"])
+
+
+def test_classmethods_are_kept_whatever_the_memory_layout(tmp_path, monkeypatch):
+    # Bound classmethods are made anew on every access; deduplicating them by a freed object's id
+    # dropped some at random once their addresses were reused.
+    names = [f"lmk_corpus_classmethods_{k}" for k in range(5)]
+    for name in names:
+        lines = [f'"""Module {name}, a class with many class methods."""', f"class Thing:", '    """A thing with class methods."""']
+        for k in range(30):
+            lines += ["    @classmethod", f"    def make_{k}(cls, value):",
+                      f'        """Make variant number {k} of the {name} thing from a value."""',
+                      f"        return cls()  # builds variant {k} of {name}; a body long enough for the page minimum"]
+        (tmp_path / f"{name}.py").write_text("\n".join(lines) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    items = source_items("stdlib", modules=names)
+    assert sum(i.kind == "method" for i in items) == 5 * 30
+
+
+def test_pages_are_the_same_whatever_the_hash_seed_and_hold_no_machine_paths():
+    # urllib3's Retry prints a frozenset default, whose order follows the process's string-hash seed.
+    here = [i.text for i in corpora.rendered_source_items("tools", modules=["urllib3"])]
+    script = ("import json; from training.corpora import rendered_source_items; "
+              "print(json.dumps([i.text for i in rendered_source_items('tools', modules=['urllib3'])]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": "1"}, cwd=Path(corpora.__file__).parent.parent)
+    assert here and here == json.loads(done.stdout)
+    assert any("frozenset({'" in text for text in here)
+    sys_page = corpora.render_page(sys)
+    assert "sys" in sys_page and sys.prefix not in sys_page and sys.base_prefix not in sys_page

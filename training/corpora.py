@@ -29,7 +29,9 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import warnings
 import zlib
 from collections import Counter
@@ -131,7 +133,7 @@ DISTRIBUTIONS = {"sklearn": "scikit-learn", "PIL": "pillow", "yaml": "PyYAML", "
                  "markdown_it": "markdown-it-py"}
 MIN_SYNOPSIS_WORDS = 3
 MIN_BODY_CHARS = 80  # a page that is little more than its signature teaches nothing
-CORPUS_VERSION = 6
+CORPUS_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ def source_items(source: str, max_methods_per_class: int = 120, modules: list[st
     if module_names is None:
         module_names = stdlib_module_names() + list(STDLIB_SUBMODULES) if source == "stdlib" else SOURCE_MODULES[source]
     modules = {name: import_quietly(name) for name in module_names}  # import all before rendering (stable pages)
-    items, seen_objects, seen_bodies, seen_queries = [], set(), set(), set()
+    items, seen_objects, seen_bodies, seen_queries = [], {}, set(), set()
     for module_name, module in modules.items():
         if module is None:
             continue
@@ -225,9 +227,13 @@ def source_items(source: str, max_methods_per_class: int = 120, modules: list[st
             warnings.simplefilter("ignore")
             candidates = [(module_name, "module", module)] + list(_members(module, module_name, source, max_methods_per_class))
         for name, kind, obj in candidates:
-            if id(obj) in seen_objects:
+            # A classmethod read through two names is two bound methods of one function. The seen objects
+            # are held, not only their ids: a freed bound method's id is reused by the next one, which
+            # would then be dropped as a copy depending on memory layout.
+            function = getattr(obj, "__func__", obj)
+            if id(function) in seen_objects:
                 continue
-            seen_objects.add(id(obj))
+            seen_objects[id(function)] = function
             item = _page_item(source, module_name, name, kind, obj)
             if item is None or item.synopsis in seen_queries:
                 continue
@@ -266,13 +272,36 @@ def _cached_source_items(source: str, cache: Path | None) -> list[DocItem]:
     path = cache / f"{source}-{_environment_key(source)}.jsonl" if cache is not None else None
     if path is not None and path.is_file():
         return [DocItem(**json.loads(line)) for line in path.read_text().splitlines()]
-    items = source_items(source)
+    items = rendered_source_items(source)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(asdict(item)) + "\n" for item in items))
         tmp.replace(path)
     return items
+
+
+def rendered_source_items(source: str, modules: list[str] | None = None) -> list[DocItem]:
+    """`source_items(source, modules=modules)`, rendered in a fresh interpreter with a fixed string-hash seed.
+
+    pydoc prints sets, and dicts filled from sets, in hash order, which Python draws anew for every
+    process; with `PYTHONHASHSEED=0` the pages come out the same on every run. The fresh interpreter
+    also keeps the pages independent of what the caller imported, and keeps those imports out of it.
+    """
+    if os.environ.get("PYTHONHASHSEED") == "0":
+        return source_items(source, modules=modules)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / f"{source}.jsonl"
+        # Arguments go through stdin: `sys.argv` is printed on the sys page, so it must not hold a temp path.
+        script = ("import json, sys; from dataclasses import asdict; from training.corpora import source_items; "
+                  "source, modules, out = json.loads(sys.stdin.read()); items = source_items(source, modules=modules); "
+                  "open(out, 'w').write(''.join(json.dumps(asdict(i)) + chr(10) for i in items))")
+        done = subprocess.run([sys.executable, "-c", script], input=json.dumps([source, modules, str(out)]), text=True,
+                              env={**os.environ, "PYTHONHASHSEED": "0"}, cwd=Path(__file__).resolve().parent.parent,
+                              capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"Rendering the {source!r} corpus failed:\n{done.stderr[-4000:]}")
+        return [DocItem(**json.loads(line)) for line in out.read_text().splitlines()]
 
 
 def _environment_key(source: str) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import os
 import pydoc
 import re
 import sys
@@ -59,13 +60,29 @@ _ENVIRON = re.compile(r"environ\(\{.*?\}\)")
 _ENVIRON_CUT = re.compile(r"environ\(\{(?!\.\.\.\}\))[^\n]*")  # pydoc's shortened reprs, to the end of the line
 
 
+# Values made at import time, different in every process: uuid-like ids (transformers' SESSION_ID)
+# and the random arrays of examples whose docstrings are rendered at import ("# may vary").
+_RANDOM_ID = re.compile(r"'[0-9a-f]{32}'")
+_MAY_VARY = re.compile(r"^(\W*)\S.*?(\s+# may vary)$", re.MULTILINE)
+
+
+def _machine_paths() -> list[str]:
+    """Folders of this installation and run (the interpreter's prefixes, the working folder, home), longest first."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.getcwd(), os.path.expanduser("~")}
+    return sorted((p for p in paths if len(p) > 1), key=len, reverse=True)
+
+
 def render_page(obj) -> str:
-    """pydoc's plain-text page of `obj`, without run-dependent addresses or environment variables."""
+    """pydoc's plain-text page of `obj`, without what changes from run to run or machine to machine:
+    addresses, environment variables, import-time random values and the installation's paths."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
     text = _ENVIRON_CUT.sub("environ({...})", _ENVIRON.sub("environ({...})", text))
-    return _ADDRESS.sub("", text)
+    text = _MAY_VARY.sub(r"\1...\2", _RANDOM_ID.sub("'...'", _ADDRESS.sub("", text)))
+    for path in _machine_paths():
+        text = text.replace(path, "...")
+    return text
 
 
 def stdlib_module_names() -> list[str]:
