@@ -35,6 +35,7 @@ import tempfile
 import warnings
 import zlib
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -249,10 +250,10 @@ def source_items(source: str, max_methods_per_class: int = 120, modules: list[st
 def build_corpus(cache_dir: str | Path | None = None, sources=SOURCES) -> dict[str, list[DocItem]]:
     """{source: items}, cached as jsonl under `cache_dir` keyed by the installed package versions."""
     cache = Path(cache_dir) if cache_dir is not None else None
-    corpus = {}
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each source renders in its own interpreter
+        corpus = dict(zip(sources, pool.map(lambda source: _cached_source_items(source, cache), sources)))
     seen_queries, seen_texts = set(), set()
     for source in sources:
-        corpus[source] = _cached_source_items(source, cache)
         # Across sources too: a page shared by two sources stays with the first (training sources come first,
         # so an out-of-domain split never holds a page the model was trained on).
         kept = []

@@ -64,6 +64,9 @@ _ENVIRON_CUT = re.compile(r"environ\(\{(?!\.\.\.\}\))[^\n]*")  # pydoc's shorten
 # and the random arrays of examples whose docstrings are rendered at import ("# may vary").
 _RANDOM_ID = re.compile(r"'[0-9a-f]{32}'")
 _MAY_VARY = re.compile(r"^(\W*)\S.*?(\s+# may vary)$", re.MULTILINE)
+# A set of objects hashed by address (polars' dtypes) prints in a new order every run; pydoc cuts
+# long reprs, so the elements cannot be sorted back: an elided set keeps only its type.
+_ELIDED_SET = re.compile(r"\b((?:frozen)?set)\(\{[^\n]*\.\.\.(?:\}\))?$", re.MULTILINE)
 
 
 def _machine_paths() -> list[str]:
@@ -80,6 +83,7 @@ def render_page(obj) -> str:
         text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
     text = _ENVIRON_CUT.sub("environ({...})", _ENVIRON.sub("environ({...})", text))
     text = _MAY_VARY.sub(r"\1...\2", _RANDOM_ID.sub("'...'", _ADDRESS.sub("", text)))
+    text = _ELIDED_SET.sub(r"\1({...})", text)
     for path in _machine_paths():
         text = text.replace(path, "...")
     return text
