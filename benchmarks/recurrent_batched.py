@@ -24,7 +24,7 @@ peak RSS per method (--figure). Targets: encode >= 2x transformers' throughput, 
 bounded by the longest block rather than the longest document.
 
 The default (100 documents) runs in about ten minutes on a loaded 2-core machine; the full corpus of
-the issue is --docs 1000 (about 2.3M tokens: roughly an hour there, most of it in the two horizontal
+the issue is --docs 1000 (about 1.9M tokens: roughly an hour there, most of it in the two horizontal
 methods).
 """
 
