@@ -9,6 +9,8 @@ stdlib-documentation text of T tokens. In one process, interleaved, best of --re
     floor         every layer's in_proj [V, d] -> [V, 2i + 2gn + h] and out_proj [V, i] -> [V, d]
                   as plain torch GEMMs on the model's own weights, in blocks of V, T tokens in all
     encode        our `encode(text)` (vertical schedule; includes tokenization)
+    encode_compiled  (--compile) the same with `torch.compile(model.block_step)`; prints its compile time
+                  and its largest difference from the eager embedding
     forward       our vertical forward on the token ids (the encode without tokenization)
     transformers  transformers' `Mamba2Model` full forward on the same ids (up to --max-reference-length:
                   beyond it the full forward does not fit this machine's memory)
@@ -89,11 +91,35 @@ def projection_floor(model, length: int, block_size: int):
     return run
 
 
+def compiled_encode(model, text: str, length: int, block_size: int, compiled_step) -> dict:
+    """{"run": encode with `torch.compile`d block steps, "compile_seconds", "compiled_max_abs_diff"}.
+
+    The compiled step shadows the method through an instance attribute for the duration of a call
+    only, so the eager candidates of the same run use the same model unchanged."""
+    import torch
+
+    def run():
+        model.block_step = compiled_step
+        try:
+            with torch.inference_mode():
+                return model.encode(text, max_length=length, schedule="vertical", block_size=block_size)
+        finally:
+            del model.block_step
+
+    start = time.perf_counter()
+    fast = run()  # compiles: one graph for the first block (no state), one for the others
+    seconds = time.perf_counter() - start
+    with torch.inference_mode():
+        eager = model.encode(text, max_length=length, schedule="vertical", block_size=block_size)
+    return {"run": run, "compile_seconds": seconds, "compiled_max_abs_diff": float(abs(fast - eager).max())}
+
+
 def measure(args) -> dict:
     import torch
 
     model, tokenizer, text_for, ids_for = build(args.block_size, args.chunk_size)
     V = args.block_size
+    compiled_step = torch.compile(model.block_step, dynamic=False) if args.compile else None
     rows = []
     for length in args.lengths:
         text, ids = text_for(length), ids_for(length)
@@ -113,6 +139,10 @@ def measure(args) -> dict:
         candidates = {"floor": projection_floor(model, length, V), "encode": encode, "forward": forward}
         with_reference = length <= args.max_reference_length
         forward()  # warm-up (one-time allocations, thread pools)
+        compiled = {}
+        if args.compile:
+            compiled = compiled_encode(model, text, length, V, compiled_step)
+            candidates["encode_compiled"] = compiled.pop("run")
         times = {name: [] for name in candidates}
         for _ in range(args.repeats):  # interleaved, so the machine's noise falls on all alike
             for name, fn in candidates.items():
@@ -130,11 +160,16 @@ def measure(args) -> dict:
                "floor_over_forward": best["floor"] / best["forward"]}
         if with_reference:
             row["transformers_over_encode"] = best["transformers"] / best["encode"]
+        if compiled:
+            row |= compiled | {"floor_over_encode_compiled": best["floor"] / best["encode_compiled"]}
         rows.append(row)
         print(f"T={length:>7,} V={V}  " + "  ".join(
             f"{name} {best[name]:7.2f}s ({length / best[name]:7,.0f} tok/s, max {max(times[name]):.2f}s)" for name in times))
         print(f"           floor/encode {row['floor_over_encode']:.3f}   floor/forward {row['floor_over_forward']:.3f}"
               + (f"   transformers/encode {row['transformers_over_encode']:.2f}" if with_reference else ""))
+        if compiled:
+            print(f"           floor/encode_compiled {row['floor_over_encode_compiled']:.3f}   compile + first run "
+                  f"{row['compile_seconds']:.0f}s   max |compiled - eager| {row['compiled_max_abs_diff']:.1e}")
     return {"model": {"d_model": D_MODEL, "layers": LAYERS, "state": STATE}, "threads": torch.get_num_threads(),
             "rows": rows}
 
@@ -163,6 +198,8 @@ def main() -> None:
     parser.add_argument("--max-reference-length", type=int, default=65536)
     parser.add_argument("--profile", type=int, default=None, metavar="T", help="print a per-op profile at T tokens instead")
     parser.add_argument("--rows", type=int, default=20, help="rows of the profile table")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time encode with torch.compile'd block steps (inductor; compiles once per run)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (on a loaded machine, 1 avoids waiting on preempted threads in every op)")
     args = parser.parse_args()
