@@ -20,6 +20,7 @@ Whatever the numbers show is printed as is.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
@@ -201,6 +202,46 @@ print(json.dumps({{"shape": list(d.shape), "scores": model.similarity(q, d)[0].t
     return dict(json.loads(result.stdout.strip().splitlines()[-1]), revision=revision)
 
 
+# ---- one lever of the recipe changed (--ablate) ------------------------------------------------------
+
+ABLATION_RESULTS = Path(__file__).resolve().parent / "training" / "recipes" / "cpu_ablation_results.json"
+
+
+def parse_override(text: str, recipe: dict) -> tuple[str, object]:
+    """"KEY=VALUE" -> (KEY, VALUE as a Python literal, else the string); KEY must be a RECIPE field."""
+    key, sep, value = text.partition("=")
+    if not sep or key not in recipe:
+        raise SystemExit(f"--ablate takes KEY=VALUE with KEY one of {sorted(recipe)}, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
+    """The budget's data, training and evaluation with RECIPE changed by `overrides`, LMK only, scored
+    at 512 tokens on every split; the entry is added to training/recipes/cpu_ablation_results.json."""
+    from transformers import AutoModel
+
+    from evaluation.table import evaluate_table, format_table
+    from training.recipe import RECIPE
+
+    changes = dict(parse_override(text, RECIPE) for text in overrides)
+    recipe = {**RECIPE, **changes}
+    name = ", ".join(f"{k}={v}" for k, v in changes.items()) + f" ({budget['steps']} steps)"
+    out = runs_dir / ("ablation-" + "-".join(f"{k}{v}" for k, v in changes.items()))  # shares runs_dir/corpora
+    start = time.perf_counter()
+    splits, train_file = build_data(out, budget, recipe)
+    trained = finetune(convert_bases(out / "checkpoints", recipe)["lmk"], "lmk", train_file, out, budget["steps"], recipe)
+    model = AutoModel.from_pretrained(trained, trust_remote_code=True).eval()
+    rows = evaluate_table({f"trained LMK, {name}": (model, [512])}, splits)
+    results = json.loads(ABLATION_RESULTS.read_text()) if ABLATION_RESULTS.is_file() else {}
+    results[name] = {"recipe": recipe, "rows": rows, "seconds": round(time.perf_counter() - start)}
+    ABLATION_RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    say(format_table(rows))
+    return 0
+
+
 # ---- main -------------------------------------------------------------------------------------------
 
 
@@ -209,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo", help="demo (20 min) or full (1 hour)")
     parser.add_argument("--out", default=None, help="where data, checkpoints and results go (default: runs/<budget>)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per model (default: the budget's)")
+    parser.add_argument("--ablate", nargs="+", default=None, metavar="KEY=VALUE",
+                        help="instead: train LMK only with these RECIPE changes, score it at 512 tokens, and add it "
+                             "to training/recipes/cpu_ablation_results.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -221,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--steps must be a positive integer, got {args.steps}")
         budget["steps"] = args.steps
     out_dir = Path(args.out or f"runs/{args.budget}").resolve()
+    if args.ablate:
+        return ablate(args.ablate, budget, out_dir.parent)
     start = time.perf_counter()
 
     say("1-2. Corpora, splits, training rows ...")

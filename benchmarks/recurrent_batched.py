@@ -43,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from common import peak_rss_mb, reset_peak_rss, rss_mb, save_results, stdlib_words  # noqa: E402
+from common import save_figure, peak_rss_mb, reset_peak_rss, rss_mb, save_results, stdlib_words  # noqa: E402
 
 METHODS = ("encode", "transformers", "horizontal")
 MIN_TOKENS = 16
@@ -198,10 +198,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from common import save_results  # noqa: E402
+from common import save_figure, save_results  # noqa: E402
 
 FIGURE = HERE / "figures" / "recurrent_time_vs_block_size.png"
 
@@ -96,10 +96,7 @@ def plot(result: dict, path: Path) -> None:
                  f"{result['threads']} thread(s)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:
