@@ -269,13 +269,18 @@ def main(argv: list[str] | None = None) -> int:
         return ablate(args.ablate, budget, out_dir.parent)
     start = time.perf_counter()
 
+    def lap(stage: str) -> None:
+        say(f"[{stage}: {time.perf_counter() - start:.0f}s since the start]")
+
     say("1-2. Corpora, splits, training rows ...")
     splits, train_file = build_data(out_dir, budget, RECIPE)
+    lap("data")
 
     say(f"\n3. Fine-tuning MiniLM with LMK and with CLS pooling ({budget['steps']} steps each; recipe: "
         + ", ".join(f"{k}={v}" for k, v in RECIPE.items()) + ") ...")
     untrained = convert_bases(out_dir / "checkpoints", RECIPE)
     trained = {name: finetune(path, name, train_file, out_dir, budget["steps"], RECIPE) for name, path in untrained.items()}
+    lap("fine-tuning")
 
     say("\n4. Evaluating every model on every split (mteb) ...")
     rows = evaluate_all(untrained, trained, splits, budget)
@@ -286,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         say(line)
     files = save_table(rows, out_dir / "results", stem="results")
     say(f"Results: {files['json']} and {files['png']}")
+    lap("evaluation")
 
     say("\n5. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
     for name, path in trained.items():

@@ -158,7 +158,7 @@ def test_stdlib_dataset_is_split_by_module(monkeypatch):
     "field, value",
     [("lora_r", 0), ("temperature", 0.0), ("finetune", "half"), ("loss", "triplet"), ("warmup_ratio", 1.5),
      ("per_device_train_batch_size", -2), ("granularities", [32, 0]), ("splitter", "paragraph"), ("max_steps", 0),
-     ("eval_data", "mteb"), ("dropout", 1.0), ("lora_layers", [-1]), ("lora_layers", [])],
+     ("eval_data", "mteb"), ("dropout", 1.0), ("attention_dropout", -0.1), ("lora_layers", [-1]), ("lora_layers", [])],
 )
 def test_bad_config_values_name_the_field(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"`{field}`"):
@@ -200,6 +200,28 @@ def test_lora_layers_and_dropout_override(minilm_lmk_checkpoint, tmp_path, toy_j
     adapted = {name.split(".layer.")[1].split(".")[0] for name, p in st.named_parameters() if p.requires_grad}
     assert adapted == {str(i) for i in range(6)}
     assert {m.p for m in embedder.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
+
+    # Hidden-state dropout on, attention-probability dropout off: BERT's attention reads `self.dropout.p`.
+    config = run_config(minilm_lmk_checkpoint, tmp_path, data=toy_jsonl, dropout=0.2, attention_dropout=0.0)
+    st, embedder = load_sentence_transformer(config, family, backbone_type)
+    probabilities = {name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1]: m.p
+                     for name, m in embedder.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert probabilities == {"self.dropout": 0.0, "output.dropout": 0.2, "embeddings.dropout": 0.2}
+
+
+def test_set_dropout_reaches_a_float_attention_attribute():
+    from training.finetune import set_dropout
+
+    class Attention(torch.nn.Module):  # ModernBERT's layout: a float read at call time, an output Dropout
+        def __init__(self):
+            super().__init__()
+            self.attention_dropout, self.out_drop = 0.1, torch.nn.Dropout(0.1)
+
+    model = torch.nn.Sequential(Attention(), torch.nn.Dropout(0.1))
+    set_dropout(model, 0.3, attention=0.0)
+    assert (model[0].attention_dropout, model[0].out_drop.p, model[1].p) == (0.0, 0.3, 0.3)
+    set_dropout(model, None, attention=0.05)  # None leaves the hidden dropout as it is
+    assert (model[0].attention_dropout, model[0].out_drop.p, model[1].p) == (0.05, 0.3, 0.3)
 
 
 def test_loss_decreases(minilm_lmk_checkpoint, tmp_path, toy_jsonl):

@@ -185,10 +185,7 @@ def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: s
     st = SentenceTransformer(config.model, trust_remote_code=True, model_kwargs=model_kwargs or None)
     embedder = st.transformers_model
     apply_overrides(embedder, config, family)
-    if config.dropout is not None:
-        for module in embedder.modules():
-            if isinstance(module, nn.Dropout):
-                module.p = config.dropout
+    set_dropout(embedder, config.dropout, config.attention_dropout)
     if config.finetune == "qlora":
         from peft import prepare_model_for_kbit_training
 
@@ -202,6 +199,27 @@ def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: s
         st.add_adapter(LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                   target_modules=targets, layers_to_transform=config.lora_layers))
     return st, embedder
+
+
+def set_dropout(model: nn.Module, hidden: float | None, attention: float | None = None) -> None:
+    """Set the dropout probabilities of `model` in place; None leaves them as the checkpoint has them.
+
+    `attention` (default: `hidden`) goes to the attention-probability dropout: the `dropout` module beside
+    `query`/`key` (BERT, RoBERTa, XLM-R, MiniLM) or a float `attention_dropout` attribute (ModernBERT and
+    most decoder layers). `hidden` goes to every other dropout module.
+    """
+    attention = hidden if attention is None else attention
+    attention_modules = set()
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float) and attention is not None:
+            module.attention_dropout = attention
+        if hasattr(module, "query") and hasattr(module, "key") and isinstance(getattr(module, "dropout", None), nn.Dropout):
+            attention_modules.add(module.dropout)
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            value = attention if module in attention_modules else hidden
+            if value is not None:
+                module.p = value
 
 
 def build_loss(config: TrainConfig, st, has_teacher_scores: bool, has_teacher_embeddings: bool = False):

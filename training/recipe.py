@@ -113,6 +113,7 @@ RECIPE = {
     "lora_alpha": 16,
     "lora_layers": [3, 4, 5],
     "dropout": 0.0,
+    "attention_dropout": 0.0,
     "per_device_train_batch_size": 16,
     "num_negatives": 0,
     "query_max_length": 32,
