@@ -43,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from common import save_figure, peak_rss_mb, reset_peak_rss, rss_mb, save_results, stdlib_words  # noqa: E402
+from common import peak_rss_mb, reset_peak_rss, rss_mb, save_figure, save_results, stdlib_words  # noqa: E402
 
 METHODS = ("encode", "transformers", "horizontal")
 MIN_TOKENS = 16
