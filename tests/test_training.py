@@ -255,6 +255,42 @@ def test_variable_splitter_draws_g_per_batch(lmk_checkpoint, tmp_path, toy_jsonl
     assert config_saved["splitter"] == "variable" and config_saved["granularities"] == [2, 3, 5, 7]
 
 
+def test_side_by_side_runs_equal_runs_one_at_a_time(lmk_checkpoint, tmp_path, toy_jsonl):
+    from safetensors.torch import load_file
+
+    from training import train_side_by_side
+
+    configs = {name: run_config(lmk_checkpoint, tmp_path / name, data=toy_jsonl, finetune="full", seed=seed)
+               for name, seed in (("a", 0), ("b", 1))}
+    runs = train_side_by_side(configs, threads_per_run=1)
+    assert set(runs) == {"a", "b"} and all(run["global_step"] == 4 and "model" not in run for run in runs.values())
+    assert "loss" in (Path(configs["a"].output_dir) / "train.log").read_text()  # the worker's output went to its log
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = train(run_config(lmk_checkpoint, tmp_path / "alone", data=toy_jsonl, finetune="full", seed=0))
+    finally:
+        torch.set_num_threads(threads)
+    weights = {name: load_file(Path(path) / "model.safetensors")
+               for name, path in (("a", runs["a"]["final_dir"]), ("b", runs["b"]["final_dir"]), ("alone", alone["final_dir"]))}
+    assert all(torch.equal(weights["a"][key], weights["alone"][key]) for key in weights["alone"])
+    assert not all(torch.equal(weights["a"][key], weights["b"][key]) for key in weights["a"])  # another seed, other weights
+
+
+def test_side_by_side_names_the_failed_run_and_bad_arguments(lmk_checkpoint, tmp_path, toy_jsonl):
+    from training import train_side_by_side
+
+    good = run_config(lmk_checkpoint, tmp_path / "good", data=toy_jsonl, max_steps=1)
+    broken = run_config(lmk_checkpoint, tmp_path / "broken", data=tmp_path / "missing.jsonl")
+    with pytest.raises(RuntimeError, match=r"'broken' failed; its output is in .*broken.*train\.log"):
+        train_side_by_side({"good": good, "broken": broken}, threads_per_run=1)
+    with pytest.raises(ValueError, match="threads_per_run"):
+        train_side_by_side({"good": good}, threads_per_run=0)
+    with pytest.raises(ValueError, match="configs"):
+        train_side_by_side({})
+
+
 def test_lora_adapter_round_trip(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
     from sentence_transformers import SentenceTransformer
 

@@ -6,12 +6,12 @@ commands that only need `TrainConfig` (the CLI's parser) should not pay for.
 
 from .config import TrainConfig
 
-__all__ = ["TrainConfig", "train"]
+__all__ = ["TrainConfig", "train", "train_side_by_side"]
 
 
 def __getattr__(name: str):
-    if name == "train":
-        from .finetune import train
+    if name in ("train", "train_side_by_side"):
+        from . import finetune
 
-        return train
+        return getattr(finetune, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,6 +24,7 @@ from sentence_transformers.sentence_transformer.data_collator import SentenceTra
 from torch import nn
 
 from lmk_embed import lora_target_modules
+from lmk_embed.encoding import check_positive_int
 
 from .config import FAMILY_LEARNING_RATES, TrainConfig
 from .data import load_training_rows, stdlib_training_rows, to_training_dataset
@@ -385,3 +386,62 @@ def train(config: TrainConfig) -> dict:
         "load_report": report,
         "global_step": trainer.state.global_step,
     }
+
+
+# ---- several runs at once on one machine ----------------------------------------------------------
+
+
+def _train_in_worker(config: TrainConfig, threads: int, log_path: str) -> dict:
+    """`train(config)` in a worker process on `threads` torch threads, its output into `log_path`.
+    Returns `train`'s dict without the model (it stays in the worker)."""
+    import os
+    import sys
+    import time
+
+    with open(log_path, "w") as log:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 1)  # file descriptors, so that tqdm, logging and C++ warnings all land there
+        os.dup2(log.fileno(), 2)
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    run = train(config)
+    run.pop("model")
+    return {**run, "seconds": time.perf_counter() - start}
+
+
+def train_side_by_side(configs: dict[str, TrainConfig], threads_per_run: int | None = None) -> dict[str, dict]:
+    """Run `train` on every config at the same time, one process each, torch threads shared out.
+
+    On a CPU, a training step does not use a second thread well (softmax, GELU, dropout and the
+    optimizer are memory-bound), so two runs on one thread each finish sooner than the same two
+    runs one after the other on two threads (`benchmarks/side_by_side.py`). A run's result equals
+    what `train` gives on the same number of threads. Each run writes its output to
+    `<output_dir>/train.log`. Returns {name: `train`'s dict without "model", plus "seconds"}.
+
+    threads_per_run: torch threads of each run (default: this process's threads split evenly, at least 1).
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if not configs:
+        raise ValueError("`configs` is empty: give at least one run.")
+    if threads_per_run is None:
+        threads_per_run = max(1, torch.get_num_threads() // len(configs))
+    else:
+        threads_per_run = check_positive_int("threads_per_run", threads_per_run)
+    logs = {}
+    for name, config in configs.items():
+        Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+        logs[name] = Path(config.output_dir) / "train.log"
+    # spawn, not fork: a forked child would inherit this process's torch thread pool and locks.
+    with ProcessPoolExecutor(max_workers=len(configs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_train_in_worker, config, threads_per_run, str(logs[name]))
+                   for name, config in configs.items()}
+        results = {}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except Exception as error:
+                raise RuntimeError(f"Training run {name!r} failed; its output is in {logs[name]}") from error
+    return results
