@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import json
 import os
 import subprocess
@@ -56,13 +55,34 @@ def say(text: str) -> None:
 
 
 def build_data(out_dir: Path, budget: dict, recipe: dict):
-    """(evaluation splits, training file): corpora, mined negatives and the base model's scores."""
+    """(evaluation splits, training file): corpora, training rows and the base model's vectors.
+
+    The training rows need only the training sources, so the out-of-domain sources render in the
+    background meanwhile (sympy's pages take the longest) and the teacher embeds while they do.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     from sentence_transformers import SentenceTransformer
 
     from training.corpora import OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, build_corpus, corpus_report, evaluation_splits
     from training.recipe import add_teacher_embeddings, docs_training_rows, write_rows
 
-    corpus = build_corpus(out_dir.parent / "corpora")
+    cache = out_dir.parent / "corpora"
+    with ThreadPoolExecutor(max_workers=1) as background:
+        rendering = background.submit(build_corpus, cache, OUT_OF_DOMAIN_SOURCES)  # fills the cache
+        # Training sources come first in the full build too, so their items are the same here.
+        max_rows = budget["steps"] * recipe["per_device_train_batch_size"]
+        rows = docs_training_rows(build_corpus(cache, TRAIN_SOURCES), num_negatives=recipe["num_negatives"], max_rows=max_rows)
+        negatives = (f"{recipe['num_negatives']} BM25 hard negative(s) each" if recipe["num_negatives"]
+                     else "in-batch negatives only")
+        say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; {negatives}.")
+        if recipe["distill_weight"] > 0:
+            say("Embedding the training rows with the untouched base model (the distillation teacher) ...")
+            teacher = SentenceTransformer(minilm_path(), device="cpu")
+            add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
+        rendering.result()
+
+    corpus = build_corpus(cache)  # every source, read back from the cache and deduplicated across sources
     report = corpus_report(corpus)
     say(f"{'source':<13}{'role':<22}{'pairs':>7}{'words: median':>15}{'p90':>8}{'max':>10}   kinds")
     for source, info in report.items():
@@ -77,16 +97,6 @@ def build_data(out_dir: Path, budget: dict, recipe: dict):
     splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
     for split in splits:
         say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
-
-    max_rows = budget["steps"] * recipe["per_device_train_batch_size"]
-    rows = docs_training_rows(corpus, num_negatives=recipe["num_negatives"], max_rows=max_rows)
-    negatives = (f"{recipe['num_negatives']} BM25 hard negative(s) each" if recipe["num_negatives"]
-                 else "in-batch negatives only")
-    say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; {negatives}.")
-    if recipe["distill_weight"] > 0:
-        say("Embedding the training rows with the untouched base model (the distillation teacher) ...")
-        teacher = SentenceTransformer(minilm_path(), device="cpu")
-        add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
     return splits, write_rows(rows, out_dir / "train.jsonl")
 
 
@@ -142,7 +152,7 @@ def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, b
     models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), budget["base_lengths"])}
     models.update({f"untrained {name.upper()}": (ours(path), budget["untrained_lengths"]) for name, path in untrained.items()})
     models.update({f"trained {name.upper()}": (ours(path), budget["trained_lengths"]) for name, path in trained.items()})
-    return evaluate_table(models, splits)
+    return evaluate_table(models, splits, concurrent=2)  # two models at a time, one core each
 
 
 def verdicts(rows: list[dict]) -> list[str]:
@@ -178,21 +188,22 @@ def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
 
 
 def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str, Path]:
-    """Write each checkpoint's card, then stage + validate it with push.py --dry-run."""
-    import push
+    """Write each checkpoint's card, then stage + validate it with `push.py --dry-run`, all at once
+    (each validation loads its folder in a fresh process: mostly imports, one core each)."""
     from model_cards import write_card
 
-    staged = {}
+    push_script = Path(__file__).resolve().parent / "push.py"
+    runs = {}
     for name, checkpoint in checkpoints.items():
         repo_id = f"demo-org/{name}"
         write_card(checkpoint, model_id=repo_id)
-        stage_dir = stage_root / name
-        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-            code = push.main([str(checkpoint), repo_id, "--dry-run", "--stage-dir", str(stage_dir)])
-        if code != 0:
-            raise SystemExit(f"push.py --dry-run failed for {checkpoint}")
-        staged[name] = stage_dir
-    return staged
+        command = [sys.executable, str(push_script), str(checkpoint), repo_id, "--dry-run", "--stage-dir", str(stage_root / name)]
+        runs[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    errors = {name: run.communicate()[1] for name, run in runs.items()}  # waits for every run
+    failed = [name for name, run in runs.items() if run.returncode != 0]
+    if failed:
+        raise SystemExit("push.py --dry-run failed for " + "; ".join(f"{checkpoints[n]}:\n{errors[n][-3000:]}" for n in failed))
+    return {name: stage_root / name for name in checkpoints}
 
 
 def load_by_model_id(staged: Path, repo_id: str, cache_dir: Path) -> dict:

@@ -24,22 +24,55 @@ def _score(model, split, max_length: int, name: str) -> dict[str, float]:
         model.max_seq_length = max_length
     else:
         kwargs["max_length"] = max_length
-    with warnings.catch_warnings():  # long pages are truncated at max_length by design; counted elsewhere
-        warnings.filterwarnings("ignore", message=".*truncated.*")
-        return evaluate_retrieval(model, split.queries, split.documents, split.relevant, name=name, **kwargs)
+    return evaluate_retrieval(model, split.queries, split.documents, split.relevant, name=name, **kwargs)
 
 
-def evaluate_table(models: dict[str, tuple], splits, progress: bool = True) -> list[dict]:
-    """`models` maps a row name to `(model, max_lengths)`; returns one row per model, split and length."""
+def evaluate_table(models: dict[str, tuple], splits, progress: bool = True, concurrent: int = 1) -> list[dict]:
+    """`models` maps a row name to `(model, max_lengths)`; returns one row per model, split and length.
+
+    concurrent: how many models are scored at once, each in its own thread on its share of torch's
+        threads (their count is restored afterwards). One model is never scored by two threads at
+        once, since a SentenceTransformer's `max_seq_length` is set per evaluation. On a CPU, two
+        models on one thread each can finish sooner than one after the other on two: tokenization
+        and mteb's bookkeeping run on one core. The rows come back in the same order either way.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
     from tqdm.auto import tqdm
 
+    if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
+        raise ValueError(f"`concurrent` must be a positive integer, got {concurrent!r}.")
     jobs = [(name, model, length, split) for name, (model, lengths) in models.items() for split in splits for length in lengths]
-    rows = []
-    for name, model, length, split in tqdm(jobs, desc="Evaluating", unit="eval", disable=not progress):
-        scores = _score(model, split, length, name=f"table/{name}")
-        rows.append({"model": name, "split": split.name, "max_length": length,
-                     **{metric: scores[metric] for metric in METRICS}})
-    return rows
+    scores: dict[int, dict] = {}
+    bar = tqdm(total=len(jobs), desc="Evaluating", unit="eval", disable=not progress)
+    threads = torch.get_num_threads()
+    share = max(1, threads // concurrent) if concurrent > 1 else threads
+
+    def score_model(name: str) -> None:
+        torch.set_num_threads(share)  # in each thread: OpenMP keeps the setting per thread
+        for index, (job_name, model, length, split) in enumerate(jobs):
+            if job_name == name:
+                scores[index] = _score(model, split, length, name=f"table/{name}")
+                bar.update()
+
+    # The costliest models first (tokens to encode), so that concurrent threads finish together.
+    cost = {name: sum(len(split.documents) * length for split in splits for length in lengths)
+            for name, (_, lengths) in models.items()}
+    order = sorted(models, key=lambda name: -cost[name]) if concurrent > 1 else list(models)
+    # Long pages are truncated at max_length by design (counted elsewhere). The filter is set once,
+    # here: warning filters are global, and changing them from several threads at once is not safe.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*truncated.*")
+        try:
+            with ThreadPoolExecutor(max_workers=concurrent) as pool:
+                list(pool.map(score_model, order))
+        finally:
+            torch.set_num_threads(threads)
+    bar.close()
+    return [{"model": name, "split": split.name, "max_length": length,
+             **{metric: scores[index][metric] for metric in METRICS}}
+            for index, (name, _, length, split) in enumerate(jobs)]
 
 
 def format_table(rows: list[dict], metric: str = "ndcg_at_10") -> str:
