@@ -69,7 +69,9 @@ def build_data(out_dir: Path, budget: dict, recipe: dict):
 
     cache = out_dir.parent / "corpora"
     with ThreadPoolExecutor(max_workers=1) as background:
-        rendering = background.submit(build_corpus, cache, OUT_OF_DOMAIN_SOURCES)  # fills the cache
+        # Fills the cache. With the training sources' own two, four rendering processes share the
+        # cores at first; that keeps both busy to the end, where sympy alone would leave one idle.
+        rendering = background.submit(build_corpus, cache, OUT_OF_DOMAIN_SOURCES)
         # Training sources come first in the full build too, so their items are the same here.
         max_rows = budget["steps"] * recipe["per_device_train_batch_size"]
         rows = docs_training_rows(build_corpus(cache, TRAIN_SOURCES), num_negatives=recipe["num_negatives"], max_rows=max_rows)
@@ -152,7 +154,7 @@ def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, b
     models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), budget["base_lengths"])}
     models.update({f"untrained {name.upper()}": (ours(path), budget["untrained_lengths"]) for name, path in untrained.items()})
     models.update({f"trained {name.upper()}": (ours(path), budget["trained_lengths"]) for name, path in trained.items()})
-    return evaluate_table(models, splits, concurrent=2)  # two models at a time, one core each
+    return evaluate_table(models, splits, concurrent=2)  # two models at a time, half of the threads each
 
 
 def verdicts(rows: list[dict]) -> list[str]:
@@ -189,20 +191,30 @@ def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
 
 def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str, Path]:
     """Write each checkpoint's card, then stage + validate it with `push.py --dry-run`, all at once
-    (each validation loads its folder in a fresh process: mostly imports, one core each)."""
+    (each validation loads its folder in a fresh process: mostly imports, on one core)."""
     from model_cards import write_card
 
     push_script = Path(__file__).resolve().parent / "push.py"
     runs = {}
-    for name, checkpoint in checkpoints.items():
-        repo_id = f"demo-org/{name}"
-        write_card(checkpoint, model_id=repo_id)
-        command = [sys.executable, str(push_script), str(checkpoint), repo_id, "--dry-run", "--stage-dir", str(stage_root / name)]
-        runs[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    errors = {name: run.communicate()[1] for name, run in runs.items()}  # waits for every run
-    failed = [name for name, run in runs.items() if run.returncode != 0]
+    with tempfile.TemporaryDirectory() as logs:
+        try:
+            for name, checkpoint in checkpoints.items():
+                repo_id = f"demo-org/{name}"
+                write_card(checkpoint, model_id=repo_id)
+                command = [sys.executable, str(push_script), str(checkpoint), repo_id, "--dry-run",
+                           "--stage-dir", str(stage_root / name)]
+                with open(Path(logs) / name, "w") as errors:
+                    runs[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+            for run in runs.values():
+                run.wait()
+        finally:
+            for run in runs.values():
+                if run.poll() is None:  # only when something above failed
+                    run.kill()
+                    run.wait()
+        failed = {name: (Path(logs) / name).read_text()[-3000:] for name, run in runs.items() if run.returncode != 0}
     if failed:
-        raise SystemExit("push.py --dry-run failed for " + "; ".join(f"{checkpoints[n]}:\n{errors[n][-3000:]}" for n in failed))
+        raise SystemExit("push.py --dry-run failed for " + "; ".join(f"{checkpoints[n]}:\n{e}" for n, e in failed.items()))
     return {name: stage_root / name for name in checkpoints}
 
 

@@ -285,6 +285,9 @@ def test_side_by_side_names_the_failed_run_and_bad_arguments(lmk_checkpoint, tmp
     broken = run_config(lmk_checkpoint, tmp_path / "broken", data=tmp_path / "missing.jsonl")
     with pytest.raises(RuntimeError, match=r"'broken' failed; its output is in .*broken.*train\.log"):
         train_side_by_side({"good": good, "broken": broken}, threads_per_run=1)
+    assert "missing.jsonl" in (tmp_path / "broken" / "run" / "train.log").read_text()  # the traceback is in the log
+    with pytest.raises(ValueError, match="output_dir"):
+        train_side_by_side({"one": good, "two": good}, threads_per_run=1)
     with pytest.raises(ValueError, match="threads_per_run"):
         train_side_by_side({"good": good}, threads_per_run=0)
     with pytest.raises(ValueError, match="configs"):

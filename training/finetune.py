@@ -397,6 +397,7 @@ def _train_in_worker(config: TrainConfig, threads: int, log_path: str) -> dict:
     import os
     import sys
     import time
+    import traceback
 
     with open(log_path, "w") as log:
         sys.stdout.flush()
@@ -405,7 +406,12 @@ def _train_in_worker(config: TrainConfig, threads: int, log_path: str) -> dict:
         os.dup2(log.fileno(), 2)
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    run = train(config)
+    try:
+        run = train(config)
+    except BaseException:
+        traceback.print_exc()  # into the log as well: the caller's message points there
+        sys.stderr.flush()
+        raise
     run.pop("model")
     return {**run, "seconds": time.perf_counter() - start}
 
@@ -417,12 +423,15 @@ def train_side_by_side(configs: dict[str, TrainConfig], threads_per_run: int | N
     optimizer are memory-bound), so two runs on one thread each finish sooner than the same two
     runs one after the other on two threads (`benchmarks/side_by_side.py`). A run's result equals
     what `train` gives on the same number of threads. Each run writes its output to
-    `<output_dir>/train.log`. Returns {name: `train`'s dict without "model", plus "seconds"}.
+    `<output_dir>/train.log`, which every config must have to itself. When a run fails, the error
+    names it and its log, once the other runs have stopped. Returns {name: `train`'s dict without
+    "model", plus "seconds"}.
 
     threads_per_run: torch threads of each run (default: this process's threads split evenly, at least 1).
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     if not configs:
         raise ValueError("`configs` is empty: give at least one run.")
@@ -430,18 +439,26 @@ def train_side_by_side(configs: dict[str, TrainConfig], threads_per_run: int | N
         threads_per_run = max(1, torch.get_num_threads() // len(configs))
     else:
         threads_per_run = check_positive_int("threads_per_run", threads_per_run)
+    folders = [Path(config.output_dir).resolve() for config in configs.values()]
+    if len(set(folders)) < len(folders):
+        raise ValueError(f"Every config needs an `output_dir` of its own, got {[str(f) for f in folders]}.")
     logs = {}
-    for name, config in configs.items():
-        Path(config.output_dir).mkdir(parents=True, exist_ok=True)
-        logs[name] = Path(config.output_dir) / "train.log"
+    for name, folder in zip(configs, folders):
+        folder.mkdir(parents=True, exist_ok=True)
+        logs[name] = folder / "train.log"
     # spawn, not fork: a forked child would inherit this process's torch thread pool and locks.
     with ProcessPoolExecutor(max_workers=len(configs), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {name: pool.submit(_train_in_worker, config, threads_per_run, str(logs[name]))
                    for name, config in configs.items()}
-        results = {}
+        results, failures = {}, {}
         for name, future in futures.items():
             try:
                 results[name] = future.result()
+            except BrokenProcessPool as error:  # a worker was killed (out of memory?): every unfinished run reports this
+                failures[name] = error
             except Exception as error:
                 raise RuntimeError(f"Training run {name!r} failed; its output is in {logs[name]}") from error
+    if failures:
+        raise RuntimeError(f"A training process died (killed, or out of memory?) before finishing {sorted(failures)}; "
+                           f"their output is in {', '.join(str(logs[name]) for name in failures)}") from next(iter(failures.values()))
     return results
