@@ -154,7 +154,7 @@ def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, b
     models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), budget["base_lengths"])}
     models.update({f"untrained {name.upper()}": (ours(path), budget["untrained_lengths"]) for name, path in untrained.items()})
     models.update({f"trained {name.upper()}": (ours(path), budget["trained_lengths"]) for name, path in trained.items()})
-    return evaluate_table(models, splits, concurrent=2)  # two models at a time, half of the threads each
+    return evaluate_table(models, splits)
 
 
 def verdicts(rows: list[dict]) -> list[str]:

@@ -24,61 +24,22 @@ def _score(model, split, max_length: int, name: str) -> dict[str, float]:
         model.max_seq_length = max_length
     else:
         kwargs["max_length"] = max_length
-    return evaluate_retrieval(model, split.queries, split.documents, split.relevant, name=name, **kwargs)
+    with warnings.catch_warnings():  # long pages are truncated at max_length by design; counted elsewhere
+        warnings.filterwarnings("ignore", message=".*truncated.*")
+        return evaluate_retrieval(model, split.queries, split.documents, split.relevant, name=name, **kwargs)
 
 
-def evaluate_table(models: dict[str, tuple], splits, progress: bool = True, concurrent: int = 1) -> list[dict]:
-    """`models` maps a row name to `(model, max_lengths)`; returns one row per model, split and length.
-
-    concurrent: how many models are scored at once, each in its own thread on an even share of
-        torch's threads (their count is restored afterwards). A model object is never scored by two
-        threads at once, since a SentenceTransformer's `max_seq_length` is set per evaluation. On a
-        CPU, two models on one thread each can finish sooner than one after the other on two:
-        tokenization and mteb's bookkeeping run on one core. The rows come back in the same order
-        either way.
-    """
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
+def evaluate_table(models: dict[str, tuple], splits, progress: bool = True) -> list[dict]:
+    """`models` maps a row name to `(model, max_lengths)`; returns one row per model, split and length."""
     from tqdm.auto import tqdm
 
-    if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
-        raise ValueError(f"`concurrent` must be a positive integer, got {concurrent!r}.")
     jobs = [(name, model, length, split) for name, (model, lengths) in models.items() for split in splits for length in lengths]
-    by_model: dict[int, list[int]] = {}  # model object -> its jobs, in order
-    for index, (_, model, _, _) in enumerate(jobs):
-        by_model.setdefault(id(model), []).append(index)
-    workers = min(concurrent, len(by_model)) or 1
-    threads = torch.get_num_threads()
-    share = max(1, threads // workers)
-    scores: dict[int, dict] = {}
-    bar = tqdm(total=len(jobs), desc="Evaluating", unit="eval", disable=not progress)
-    bar_lock = threading.Lock()
-
-    def score_model(indices: list[int]) -> None:
-        torch.set_num_threads(share)  # in each thread: OpenMP keeps the setting per thread
-        for index in indices:
-            name, model, length, split = jobs[index]
-            scores[index] = _score(model, split, length, name=f"table/{name}")
-            with bar_lock:
-                bar.update()
-
-    # The costliest models first (tokens to encode), so that concurrent threads finish together.
-    cost = {key: sum(jobs[i][2] * len(jobs[i][3].documents) for i in indices) for key, indices in by_model.items()}
-    order = sorted(by_model, key=lambda key: -cost[key]) if workers > 1 else list(by_model)
-    # Long pages are truncated at max_length by design (counted elsewhere). The filter is set once,
-    # here: warning filters are global, and changing them from several threads at once is not safe.
-    try:
-        with warnings.catch_warnings(), ThreadPoolExecutor(max_workers=workers) as pool:
-            warnings.filterwarnings("ignore", message=".*truncated.*")
-            list(pool.map(lambda key: score_model(by_model[key]), order))
-    finally:
-        torch.set_num_threads(threads)
-        bar.close()
-    return [{"model": name, "split": split.name, "max_length": length,
-             **{metric: scores[index][metric] for metric in METRICS}}
-            for index, (name, _, length, split) in enumerate(jobs)]
+    rows = []
+    for name, model, length, split in tqdm(jobs, desc="Evaluating", unit="eval", disable=not progress):
+        scores = _score(model, split, length, name=f"table/{name}")
+        rows.append({"model": name, "split": split.name, "max_length": length,
+                     **{metric: scores[metric] for metric in METRICS}})
+    return rows
 
 
 def format_table(rows: list[dict], metric: str = "ndcg_at_10") -> str:

@@ -158,40 +158,6 @@ def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
     assert rows[1]["ndcg_at_10"] < 0.7 and rows[1]["recall_at_1"] == 0
 
 
-def test_evaluation_table_scores_models_concurrently_with_the_same_rows(lmk_model, minilm_path):
-    import threading
-
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from evaluation.table import evaluate_table
-
-    documents = {"json": "JSON encoder and decoder: parse and serialise JSON documents. " * 4,
-                 "zip": "Read and write ZIP-format archive files. " * 4, "time": "Time access and conversions. " * 4}
-    queries = {"q-json": "parse a json string", "q-zip": "open a zip archive"}
-    splits = [corpora.RetrievalSplit("a", queries, documents, {"q-json": {"json": 1}, "q-zip": {"zip": 1}}),
-              corpora.RetrievalSplit("b", queries, documents, {"q-json": {"time": 1}, "q-zip": {"json": 1}})]
-    models = {"tiny": (lmk_model, [16, 64]), "minilm": (SentenceTransformer(str(minilm_path), device="cpu"), [32, 128])}
-    def threads_of_a_new_thread():  # torch's global count, which the scoring threads change
-        seen = []
-        thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
-        thread.start()
-        thread.join()
-        return seen[0]
-
-    threads = threads_of_a_new_thread()
-    one_by_one = evaluate_table(models, splits, progress=False)
-    at_once = evaluate_table(models, splits, progress=False, concurrent=2)
-    assert threads_of_a_new_thread() == threads
-    assert [(r["model"], r["split"], r["max_length"]) for r in at_once] == [(r["model"], r["split"], r["max_length"]) for r in one_by_one]
-    for mine, theirs in zip(at_once, one_by_one):
-        assert mine["ndcg_at_10"] == pytest.approx(theirs["ndcg_at_10"], abs=1e-6)
-        assert mine["recall_at_1"] == pytest.approx(theirs["recall_at_1"], abs=1e-6)
-    assert len({r["ndcg_at_10"] for r in one_by_one}) > 1  # the rows differ, so rows put in the wrong place would show
-    with pytest.raises(ValueError, match="concurrent"):
-        evaluate_table(models, splits, progress=False, concurrent=0)
-
-
 def test_training_rows_carry_mined_negatives_and_sources():
     from training.recipe import docs_training_rows
 
