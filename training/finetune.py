@@ -419,9 +419,9 @@ def _train_in_worker(config: TrainConfig, threads: int, log_path: str) -> dict:
 def train_side_by_side(configs: dict[str, TrainConfig], threads_per_run: int | None = None) -> dict[str, dict]:
     """Run `train` on every config at the same time, one process each, torch threads shared out.
 
-    On a CPU, a training step does not use a second thread well (softmax, GELU, dropout and the
-    optimizer are memory-bound), so two runs on one thread each finish sooner than the same two
-    runs one after the other on two threads (`benchmarks/side_by_side.py`). A run's result equals
+    On a CPU, a training step gains well short of 2x from a second thread, so two runs on one
+    thread each finish sooner than the same two runs one after the other on two threads
+    (`benchmarks/side_by_side.py`). A run's result equals
     what `train` gives on the same number of threads. Each run writes its output to
     `<output_dir>/train.log`, which every config must have to itself. When a run fails, the error
     names it and its log, once the other runs have stopped. Returns {name: `train`'s dict without
