@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import subprocess
@@ -55,36 +56,13 @@ def say(text: str) -> None:
 
 
 def build_data(out_dir: Path, budget: dict, recipe: dict):
-    """(evaluation splits, training file): corpora, training rows and the base model's vectors.
-
-    The training rows need only the training sources, so the out-of-domain sources render in the
-    background meanwhile (sympy's pages take the longest) and the teacher embeds while they do.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
+    """(evaluation splits, training file): corpora, mined negatives and the base model's scores."""
     from sentence_transformers import SentenceTransformer
 
     from training.corpora import OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, build_corpus, corpus_report, evaluation_splits
     from training.recipe import add_teacher_embeddings, docs_training_rows, write_rows
 
-    cache = out_dir.parent / "corpora"
-    with ThreadPoolExecutor(max_workers=1) as background:
-        # Fills the cache. With the training sources' own two, four rendering processes share the
-        # cores at first; that keeps both busy to the end, where sympy alone would leave one idle.
-        rendering = background.submit(build_corpus, cache, OUT_OF_DOMAIN_SOURCES)
-        # Training sources come first in the full build too, so their items are the same here.
-        max_rows = budget["steps"] * recipe["per_device_train_batch_size"]
-        rows = docs_training_rows(build_corpus(cache, TRAIN_SOURCES), num_negatives=recipe["num_negatives"], max_rows=max_rows)
-        negatives = (f"{recipe['num_negatives']} BM25 hard negative(s) each" if recipe["num_negatives"]
-                     else "in-batch negatives only")
-        say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; {negatives}.")
-        if recipe["distill_weight"] > 0:
-            say("Embedding the training rows with the untouched base model (the distillation teacher) ...")
-            teacher = SentenceTransformer(minilm_path(), device="cpu")
-            add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
-        rendering.result()
-
-    corpus = build_corpus(cache)  # every source, read back from the cache and deduplicated across sources
+    corpus = build_corpus(out_dir.parent / "corpora")
     report = corpus_report(corpus)
     say(f"{'source':<13}{'role':<22}{'pairs':>7}{'words: median':>15}{'p90':>8}{'max':>10}   kinds")
     for source, info in report.items():
@@ -99,6 +77,16 @@ def build_data(out_dir: Path, budget: dict, recipe: dict):
     splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
     for split in splits:
         say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+
+    max_rows = budget["steps"] * recipe["per_device_train_batch_size"]
+    rows = docs_training_rows(corpus, num_negatives=recipe["num_negatives"], max_rows=max_rows)
+    negatives = (f"{recipe['num_negatives']} BM25 hard negative(s) each" if recipe["num_negatives"]
+                 else "in-batch negatives only")
+    say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; {negatives}.")
+    if recipe["distill_weight"] > 0:
+        say("Embedding the training rows with the untouched base model (the distillation teacher) ...")
+        teacher = SentenceTransformer(minilm_path(), device="cpu")
+        add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
     return splits, write_rows(rows, out_dir / "train.jsonl")
 
 
@@ -190,32 +178,21 @@ def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
 
 
 def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str, Path]:
-    """Write each checkpoint's card, then stage + validate it with `push.py --dry-run`, all at once
-    (each validation loads its folder in a fresh process: mostly imports, on one core)."""
+    """Write each checkpoint's card, then stage + validate it with push.py --dry-run."""
+    import push
     from model_cards import write_card
 
-    push_script = Path(__file__).resolve().parent / "push.py"
-    runs = {}
-    with tempfile.TemporaryDirectory() as logs:
-        try:
-            for name, checkpoint in checkpoints.items():
-                repo_id = f"demo-org/{name}"
-                write_card(checkpoint, model_id=repo_id)
-                command = [sys.executable, str(push_script), str(checkpoint), repo_id, "--dry-run",
-                           "--stage-dir", str(stage_root / name)]
-                with open(Path(logs) / name, "w") as errors:
-                    runs[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
-            for run in runs.values():
-                run.wait()
-        finally:
-            for run in runs.values():
-                if run.poll() is None:  # only when something above failed
-                    run.kill()
-                    run.wait()
-        failed = {name: (Path(logs) / name).read_text()[-3000:] for name, run in runs.items() if run.returncode != 0}
-    if failed:
-        raise SystemExit("push.py --dry-run failed for " + "; ".join(f"{checkpoints[n]}:\n{e}" for n, e in failed.items()))
-    return {name: stage_root / name for name in checkpoints}
+    staged = {}
+    for name, checkpoint in checkpoints.items():
+        repo_id = f"demo-org/{name}"
+        write_card(checkpoint, model_id=repo_id)
+        stage_dir = stage_root / name
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            code = push.main([str(checkpoint), repo_id, "--dry-run", "--stage-dir", str(stage_dir)])
+        if code != 0:
+            raise SystemExit(f"push.py --dry-run failed for {checkpoint}")
+        staged[name] = stage_dir
+    return staged
 
 
 def load_by_model_id(staged: Path, repo_id: str, cache_dir: Path) -> dict:
