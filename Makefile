@@ -6,11 +6,16 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo train-full test install clean
 
+EXTRAS := train,eval,dev,rwkv7,scale
+
+# pip takes torch (it finds the CPU wheel where one lies on disk); uv installs the rest, the same
+# versions in a sixth of pip's time. Where uv cannot reach an index that pip can, pip does it.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[train,eval,dev,rwkv7,scale]"
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 uv
+	$(VENV)/bin/uv pip install -q --python $(PY) -c constraints.txt -e ".[$(EXTRAS)]" \
+	  || $(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -106,6 +106,18 @@ def test_build_corpus_caches_and_dedups_across_sources(tmp_path, monkeypatch):
     assert len(cached) == 1 and json.loads(cached[0].read_text().splitlines()[0])["name"] == "x.f"
 
 
+def test_build_corpus_renders_longest_first_but_dedups_in_the_given_order(tmp_path, monkeypatch):
+    # symbolic renders first (it takes the longest), yet a page shared with a training source stays there.
+    assert corpora.RENDER_SECONDS["symbolic"] > corpora.RENDER_SECONDS["arrays"]
+    fake = {"arrays": [item("arrays", "n", "n.f", "shared summary line", "same page text " * 10)],
+            "symbolic": [item("symbolic", "s", "s.f", "shared summary line", "same page text " * 10),
+                         item("symbolic", "s", "s.g", "its own summary", "its own page " * 10)]}
+    monkeypatch.setattr(corpora, "rendered_source_items", lambda source, **kwargs: fake[source])
+    corpus = build_corpus(tmp_path, sources=("arrays", "symbolic"))
+    assert list(corpus) == ["arrays", "symbolic"]
+    assert [i.name for i in corpus["arrays"]] == ["n.f"] and [i.name for i in corpus["symbolic"]] == ["s.g"]
+
+
 def test_mining_never_returns_the_positive_or_a_near_copy_or_a_container():
     items = [
         item("torch", "m", "m.norm", "compute the vector norm", "norm of a vector computed over an axis " * 5),
