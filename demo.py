@@ -142,20 +142,31 @@ def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, b
     models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), budget["base_lengths"])}
     models.update({f"untrained {name.upper()}": (ours(path), budget["untrained_lengths"]) for name, path in untrained.items()})
     models.update({f"trained {name.upper()}": (ours(path), budget["trained_lengths"]) for name, path in trained.items()})
-    return evaluate_table(models, splits)
+    return evaluate_table(models, splits, per_query=True)
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """Per split, at 512 tokens: does trained LMK beat the base at 512 and at 256, and trained CLS?"""
-    cell = {(r["model"], r["split"], r["max_length"]): r["ndcg_at_10"] for r in rows}
+    """Per split, at 512 tokens: does trained LMK beat the base at 512 and at 256, and trained CLS? Each
+    difference comes with its 95% paired bootstrap interval over the split's queries ("within noise"
+    when the interval holds 0)."""
+    from evaluation.table import compare
+
+    row = {(r["model"], r["split"], r["max_length"]): r for r in rows}
     lines = []
     for split in dict.fromkeys(r["split"] for r in rows):
-        lmk = cell.get(("trained LMK", split, 512))
+        lmk = row.get(("trained LMK", split, 512))
         if lmk is None:
             continue
-        rivals = {"base@512": cell.get((BASE_ROW, split, 512)), "base@256": cell.get((BASE_ROW, split, 256)),
-                  "trained CLS@512": cell.get(("trained CLS", split, 512))}
-        parts = [f"{'beats' if lmk > v else 'does NOT beat'} {k} ({lmk:.4f} vs {v:.4f})" for k, v in rivals.items() if v is not None]
+        rivals = {"base@512": row.get((BASE_ROW, split, 512)), "base@256": row.get((BASE_ROW, split, 256)),
+                  "trained CLS@512": row.get(("trained CLS", split, 512))}
+        parts = []
+        for label, rival in rivals.items():
+            if rival is None:
+                continue
+            difference, low, high = compare(lmk, rival)
+            noise = ", within noise" if low <= 0 <= high else ""
+            parts.append(f"{'beats' if difference > 0 else 'does NOT beat'} {label} ({lmk['ndcg_at_10']:.4f} vs "
+                         f"{rival['ndcg_at_10']:.4f}; {difference:+.4f}, 95% CI {low:+.4f} to {high:+.4f}{noise})")
         lines.append(f"  {split}: trained LMK@512 " + "; ".join(parts))
     return lines
 
@@ -302,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = evaluate_all(untrained, trained, splits, budget)
     for metric in METRICS:
         say("\n" + format_table(rows, metric))
-    say("\nVerdict at 512 tokens (nDCG@10):")
+    say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
     for line in verdicts(rows):
         say(line)
     files = save_table(rows, out_dir / "results", stem="results")

@@ -55,6 +55,12 @@ def _task_class():
             self.dataset = {"default": {"test": self._split}}
             self.data_loaded = True
 
+        def task_specific_scores(self, scores, qrels, results, hf_split: str, hf_subset: str) -> dict[str, float]:
+            # mteb's hook for extra scores; it is handed the per-query scores, which we keep for paired comparisons.
+            self.per_query = {query_id: {"ndcg_at_10": float(s["ndcg_cut_10"]), "recall_at_1": float(s["recall_1"])}
+                              for query_id, s in scores.items()}
+            return {}
+
     return InMemoryRetrieval
 
 
@@ -89,13 +95,19 @@ def evaluate_retrieval(
     *,
     name: str = "local/embedder",
     batch_size: int = 16,
+    per_query: bool = False,
     **encode_kwargs,
-) -> dict[str, float]:
-    """mteb's retrieval scores (ndcg_at_10, recall_at_1, ...) of `model` on the given data."""
+):
+    """mteb's retrieval scores (ndcg_at_10, recall_at_1, ...) of `model` on the given data.
+
+    With `per_query=True`, returns `(scores, {query_id: {"ndcg_at_10": ..., "recall_at_1": ...}})`:
+    the per-query values whose means are the scores, for paired comparisons between models.
+    """
     import mteb
 
     task = _task_class()(queries, documents, relevant)
     encoder = _encoder_class()(model, name=name, batch_size=batch_size, **encode_kwargs)
     result = mteb.evaluate(encoder, task, cache=None, show_progress_bar=False)
     scores = result.task_results[0].scores["test"][0]
-    return {key: float(value) for key, value in scores.items() if isinstance(value, (int, float))}
+    scores = {key: float(value) for key, value in scores.items() if isinstance(value, (int, float))}
+    return (scores, task.per_query) if per_query else scores

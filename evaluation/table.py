@@ -4,7 +4,8 @@
 and returns flat rows `{"model", "split", "max_length", "ndcg_at_10", "recall_at_1"}`. A model is
 any object with `encode_query` / `encode_document`: our AutoModel classes (their `max_length`
 is passed per call) or a plain SentenceTransformer such as the untouched base (its
-`max_seq_length` is set per evaluation).
+`max_seq_length` is set per evaluation). `compare` puts a paired bootstrap interval on the
+difference between two rows, so that a lead smaller than the noise of the queries is seen as such.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from .retrieval import evaluate_retrieval
 METRICS = ("ndcg_at_10", "recall_at_1")
 
 
-def _score(model, split, max_length: int, name: str) -> dict[str, float]:
+def _score(model, split, max_length: int, name: str):
+    """(mteb's scores, per-query scores) of `model` on `split` at `max_length` tokens."""
     kwargs = {}
     if hasattr(model, "max_seq_length"):  # SentenceTransformer: its own truncation setting
         model.max_seq_length = max_length
@@ -26,20 +28,55 @@ def _score(model, split, max_length: int, name: str) -> dict[str, float]:
         kwargs["max_length"] = max_length
     with warnings.catch_warnings():  # long pages are truncated at max_length by design; counted elsewhere
         warnings.filterwarnings("ignore", message=".*truncated.*")
-        return evaluate_retrieval(model, split.queries, split.documents, split.relevant, name=name, **kwargs)
+        return evaluate_retrieval(model, split.queries, split.documents, split.relevant, name=name, per_query=True, **kwargs)
 
 
-def evaluate_table(models: dict[str, tuple], splits, progress: bool = True) -> list[dict]:
-    """`models` maps a row name to `(model, max_lengths)`; returns one row per model, split and length."""
+def evaluate_table(models: dict[str, tuple], splits, progress: bool = True, per_query: bool = False) -> list[dict]:
+    """`models` maps a row name to `(model, max_lengths)`; returns one row per model, split and length.
+
+    With `per_query=True`, each row also holds `"per_query": {metric: {query_id: value}}` (for `compare`).
+    """
     from tqdm.auto import tqdm
 
     jobs = [(name, model, length, split) for name, (model, lengths) in models.items() for split in splits for length in lengths]
     rows = []
     for name, model, length, split in tqdm(jobs, desc="Evaluating", unit="eval", disable=not progress):
-        scores = _score(model, split, length, name=f"table/{name}")
-        rows.append({"model": name, "split": split.name, "max_length": length,
-                     **{metric: scores[metric] for metric in METRICS}})
+        scores, by_query = _score(model, split, length, name=f"table/{name}")
+        row = {"model": name, "split": split.name, "max_length": length, **{metric: scores[metric] for metric in METRICS}}
+        if per_query:
+            row["per_query"] = {metric: {q: values[metric] for q, values in by_query.items()} for metric in METRICS}
+        rows.append(row)
     return rows
+
+
+def paired_bootstrap(scores_a, scores_b, resamples: int = 10_000, confidence: float = 0.95, seed: int = 0):
+    """`(mean difference, low, high)`: the mean of `a - b` over paired per-query scores `[Q]`, and
+    the percentile bootstrap interval of that mean (queries resampled with replacement)."""
+    import numpy as np
+
+    a, b = np.asarray(scores_a, dtype=np.float64), np.asarray(scores_b, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape or a.size == 0:
+        raise ValueError(f"`scores_a` and `scores_b` must be non-empty 1-D and of one length, got {a.shape} and {b.shape}.")
+    if not 0 < confidence < 1:
+        raise ValueError(f"`confidence` must lie in (0, 1), got {confidence}.")
+    difference = a - b
+    draws = np.random.default_rng(seed).integers(0, difference.size, size=(resamples, difference.size))
+    means = difference[draws].mean(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(difference.mean()), float(low), float(high)
+
+
+def compare(row: dict, rival: dict, metric: str = "ndcg_at_10", **bootstrap) -> tuple[float, float, float]:
+    """`paired_bootstrap` of two rows of `evaluate_table(..., per_query=True)` on the same split."""
+    for name, r in (("row", row), ("rival", rival)):
+        if "per_query" not in r:
+            raise ValueError(f"`{name}` ({r.get('model')}) has no per-query scores; use evaluate_table(..., per_query=True).")
+    mine, theirs = row["per_query"][metric], rival["per_query"][metric]
+    if set(mine) != set(theirs):
+        raise ValueError(f"`row` and `rival` were scored on different queries ({row['split']!r} vs {rival['split']!r}).")
+    queries = sorted(mine)
+    return paired_bootstrap([mine[q] for q in queries], [theirs[q] for q in queries], **bootstrap)
 
 
 def format_table(rows: list[dict], metric: str = "ndcg_at_10") -> str:

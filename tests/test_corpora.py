@@ -6,8 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from evaluation.table import paired_bootstrap
 from training import corpora
 from training.corpora import DocItem, build_corpus, evaluation_splits, source_items, training_items
 from training.mining import mine_negatives
@@ -155,7 +157,7 @@ def test_evaluation_table_on_a_tiny_model(lmk_model, tmp_path):
 def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
     from sentence_transformers import SentenceTransformer
 
-    from evaluation.table import evaluate_table
+    from evaluation.table import compare, evaluate_table
 
     model = SentenceTransformer(str(minilm_path), device="cpu")
     documents = {"json": "JSON encoder and decoder: parse and serialise JSON documents.",
@@ -165,9 +167,34 @@ def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
     queries = {"q-json": "parse a json string", "q-zip": "open a zip archive", "q-csv": "read comma separated values"}
     right = corpora.RetrievalSplit("right", queries, documents, {"q-json": {"json": 1}, "q-zip": {"zip": 1}, "q-csv": {"csv": 1}})
     wrong = corpora.RetrievalSplit("wrong", queries, documents, {"q-json": {"time": 1}, "q-zip": {"csv": 1}, "q-csv": {"json": 1}})
-    rows = evaluate_table({"minilm": (model, [128])}, [right, wrong], progress=False)
+    rows = evaluate_table({"minilm": (model, [128])}, [right, wrong], progress=False, per_query=True)
     assert rows[0]["ndcg_at_10"] == pytest.approx(1.0) and rows[0]["recall_at_1"] == pytest.approx(1.0)
     assert rows[1]["ndcg_at_10"] < 0.7 and rows[1]["recall_at_1"] == 0
+    for row in rows:  # mteb's score is the mean of the per-query scores kept beside it (mteb rounds to 5 places)
+        for metric in ("ndcg_at_10", "recall_at_1"):
+            values = row["per_query"][metric]
+            assert set(values) == set(queries) and sum(values.values()) / len(values) == pytest.approx(row[metric], abs=1e-5)
+    difference, low, high = compare(rows[0], rows[1])
+    assert difference == pytest.approx(rows[0]["ndcg_at_10"] - rows[1]["ndcg_at_10"], abs=1e-5) and low <= difference <= high
+    with pytest.raises(ValueError, match="rival"):
+        compare(rows[0], {k: v for k, v in rows[1].items() if k != "per_query"})
+
+
+def test_paired_bootstrap_is_exact_for_a_shift_and_matches_the_normal_interval():
+    rng = np.random.default_rng(1)
+    base = rng.random(50)
+    assert paired_bootstrap(base + 0.25, base) == pytest.approx((0.25, 0.25, 0.25))
+    # Many queries: the percentile interval approaches mean +- 1.96 standard errors.
+    a, b = rng.random(4000), rng.random(4000)
+    difference, low, high = paired_bootstrap(a, b, resamples=4000)
+    standard_error = np.std(a - b, ddof=1) / np.sqrt(a.size)
+    assert difference == pytest.approx(np.mean(a - b))
+    assert low == pytest.approx(difference - 1.96 * standard_error, abs=0.2 * standard_error)
+    assert high == pytest.approx(difference + 1.96 * standard_error, abs=0.2 * standard_error)
+    with pytest.raises(ValueError, match="scores_b"):
+        paired_bootstrap([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="confidence"):
+        paired_bootstrap([1.0], [0.0], confidence=95)
 
 
 def test_training_rows_carry_mined_negatives_and_sources():
