@@ -189,21 +189,25 @@ def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
 
 
 def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str, Path]:
-    """Write each checkpoint's card, then stage + validate it with push.py --dry-run."""
+    """Write each checkpoint's card, then stage + validate it with push.py --dry-run, all at once (the
+    validation runs in a fresh process, which spends its time importing on one core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import push
     from model_cards import write_card
 
-    staged = {}
-    for name, checkpoint in checkpoints.items():
+    def publish(name: str) -> int:
         repo_id = f"demo-org/{name}"
-        write_card(checkpoint, model_id=repo_id)
-        stage_dir = stage_root / name
-        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-            code = push.main([str(checkpoint), repo_id, "--dry-run", "--stage-dir", str(stage_dir)])
-        if code != 0:
-            raise SystemExit(f"push.py --dry-run failed for {checkpoint}")
-        staged[name] = stage_dir
-    return staged
+        write_card(checkpoints[name], model_id=repo_id)
+        return push.main([str(checkpoints[name]), repo_id, "--dry-run", "--stage-dir", str(stage_root / name)])
+
+    # One redirect around the threads: contextlib's redirect is process-wide, so nesting it per thread would race.
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), ThreadPoolExecutor(len(checkpoints)) as pool:
+        codes = dict(zip(checkpoints, pool.map(publish, checkpoints)))
+    failed = [str(checkpoints[name]) for name, code in codes.items() if code != 0]
+    if failed:
+        raise SystemExit(f"push.py --dry-run failed for {', '.join(failed)}")
+    return {name: stage_root / name for name in checkpoints}
 
 
 def load_by_model_id(staged: Path, repo_id: str, cache_dir: Path) -> dict:

@@ -125,7 +125,7 @@ STDLIB_SUBMODULES = (
 )
 OUT_OF_DOMAIN_SOURCES = ("scientific", "symbolic")
 SOURCES = TRAIN_SOURCES + OUT_OF_DOMAIN_SOURCES
-# Seconds each source takes to render on one core (measured; sympy's module pages are the longest).
+# Seconds each source took to render on one core (measured; sympy's module pages are the longest).
 RENDER_SECONDS = {"symbolic": 52, "huggingface": 31, "tools": 26, "stdlib": 23, "torch": 23, "arrays": 19, "scientific": 19}
 # The man pages are reserved: never read, neither for training nor for evaluation.
 RESERVED_DIRS = tuple(

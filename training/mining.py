@@ -25,14 +25,14 @@ def mine_negatives(items: list[DocItem], num_negatives: int, top_k: int = 30, se
 
     if num_negatives < 0:
         raise ValueError(f"`num_negatives` must be >= 0, got {num_negatives}.")
+    negatives: list[list[int]] = [[] for _ in items]
+    if num_negatives == 0:
+        return negatives
     rng = random.Random(seed)
     normalized = [normalized_text(item.text) for item in items]
     by_source: dict[str, list[int]] = {}
     for index, item in enumerate(items):
         by_source.setdefault(item.source, []).append(index)
-    negatives: list[list[int]] = [[] for _ in items]
-    if num_negatives == 0:
-        return negatives
     for indices in by_source.values():
         docs = [" ".join(items[i].text.split()[:BM25_WORDS]) for i in indices]
         retriever = bm25s.BM25()
