@@ -9,8 +9,9 @@
 3. Fine-tune MiniLM twice with the same recipe (`training.recipe.RECIPE`), side by side: landmark
    (LMK) pooling with variable granularity, and CLS pooling.
 4. Score every model on every split through one code path (mteb): the untouched base with its own
-   mean pooling, untrained CLS and LMK, trained CLS and LMK. Print the tables, a verdict per
-   out-of-domain split, and write JSON + PNG.
+   mean pooling, untrained CLS and LMK, trained CLS and LMK (the base and untrained CLS from one
+   forward: they differ only in pooling). Print the tables, a verdict per split with the paired
+   bootstrap interval of each difference, and write JSON + PNG.
 5. Write a model card for each trained checkpoint (with the base row), stage and validate each with
    push.py --dry-run, and load one by model id from a Hub-cache layout.
 
@@ -131,16 +132,29 @@ def finetune_side_by_side(bases: dict[str, Path], train_file: Path, out_dir: Pat
 
 
 def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, budget: dict) -> list[dict]:
+    """Every model on every split. The base and untrained CLS run the same encoder on the same tokens
+    and differ only in pooling, so one forward scores both (`SharedForward`); on a sample of
+    documents the CLS vectors are first checked against the converted checkpoint."""
+    import numpy as np
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from evaluation.table import evaluate_table
+    from evaluation.table import SharedForward, evaluate_table
 
     def ours(path):
         return AutoModel.from_pretrained(path, trust_remote_code=True).eval()
 
-    models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), budget["base_lengths"])}
-    models.update({f"untrained {name.upper()}": (ours(path), budget["untrained_lengths"]) for name, path in untrained.items()})
+    base = SharedForward(SentenceTransformer(minilm_path(), device="cpu"))
+    sample, length = list(splits[0].documents.values())[:8], max(budget["untrained_lengths"])
+    base.model.max_seq_length = length
+    gap = float(np.abs(base.view("cls").encode_document(sample) - ours(untrained["cls"]).encode_document(sample, max_length=length)).max())
+    if gap > 1e-5:
+        raise SystemExit(f"The base's [CLS] states differ from the untrained CLS checkpoint by {gap:.2e}; score it on its own.")
+    say(f"  untrained CLS is scored from the base's forward: its [CLS] state, equal to the converted checkpoint "
+        f"on {len(sample)} documents (largest difference {gap:.1e})")
+    models = {BASE_ROW: (base.view("model"), budget["base_lengths"]),
+              "untrained LMK": (ours(untrained["lmk"]), budget["untrained_lengths"]),
+              "untrained CLS": (base.view("cls"), budget["untrained_lengths"])}
     models.update({f"trained {name.upper()}": (ours(path), budget["trained_lengths"]) for name, path in trained.items()})
     return evaluate_table(models, splits, per_query=True)
 

@@ -49,6 +49,65 @@ def evaluate_table(models: dict[str, tuple], splits, progress: bool = True, per_
     return rows
 
 
+class SharedForward:
+    """Rows that differ only in how one SentenceTransformer's token states are pooled, from one forward.
+
+    `SharedForward(model).view(pooling)` is a model for `evaluate_table` (`encode_query`,
+    `encode_document`, `max_seq_length`). The first view to encode a list of texts at a max length
+    runs `model` once and keeps every pooling's vectors `[N, D]`; the other views read them back.
+    Poolings: "model", the model's own output (MiniLM: mean + normalize), and "cls", the first
+    token's state, L2-normalized: exactly what the same encoder converted with CLS pooling returns
+    (tested), so the demo scores the base and untrained CLS for the price of one.
+    """
+
+    POOLINGS = ("model", "cls")
+
+    def __init__(self, model):
+        self.model = model
+        self._vectors: dict[tuple, dict] = {}
+
+    def view(self, pooling: str) -> "_PoolingView":
+        if pooling not in self.POOLINGS:
+            raise ValueError(f"Unknown `pooling` {pooling!r}; expected one of {list(self.POOLINGS)}.")
+        return _PoolingView(self, pooling)
+
+    def encode(self, kind: str, texts: list[str], pooling: str, batch_size: int = 32):
+        import numpy as np
+        import torch
+
+        key = (kind, self.model.max_seq_length, tuple(texts))
+        if key not in self._vectors:
+            outputs = getattr(self.model, f"encode_{kind}")(list(texts), batch_size=batch_size, output_value=None)
+            width = self.model.get_embedding_dimension()
+            stack = lambda vectors: np.stack(vectors) if vectors else np.zeros((0, width), dtype=np.float32)  # noqa: E731
+            self._vectors[key] = {
+                "model": stack([o["sentence_embedding"].float().numpy() for o in outputs]),
+                "cls": stack([torch.nn.functional.normalize(o["token_embeddings"][0].float(), dim=-1).numpy() for o in outputs]),
+            }
+        return self._vectors[key][pooling]
+
+
+class _PoolingView:
+    """One pooling of a `SharedForward`, with the interface `evaluate_table` scores."""
+
+    def __init__(self, shared: SharedForward, pooling: str):
+        self.shared, self.pooling = shared, pooling
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.shared.model.max_seq_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        self.shared.model.max_seq_length = value
+
+    def encode_query(self, queries: list[str], batch_size: int = 32):
+        return self.shared.encode("query", queries, self.pooling, batch_size)
+
+    def encode_document(self, documents: list[str], batch_size: int = 32):
+        return self.shared.encode("document", documents, self.pooling, batch_size)
+
+
 def paired_bootstrap(scores_a, scores_b, resamples: int = 10_000, confidence: float = 0.95, seed: int = 0):
     """`(mean difference, low, high)`: the mean of `a - b` over paired per-query scores `[Q]`, and
     the percentile bootstrap interval of that mean (queries resampled with replacement)."""

@@ -14,6 +14,8 @@ from training import corpora
 from training.corpora import DocItem, build_corpus, evaluation_splits, source_items, training_items
 from training.mining import mine_negatives
 
+from tests import helpers
+
 
 def item(source, module, name, synopsis, text, kind="function"):
     return DocItem(source, module, name, kind, synopsis, text)
@@ -178,6 +180,40 @@ def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
     assert difference == pytest.approx(rows[0]["ndcg_at_10"] - rows[1]["ndcg_at_10"], abs=1e-5) and low <= difference <= high
     with pytest.raises(ValueError, match="rival"):
         compare(rows[0], {k: v for k, v in rows[1].items() if k != "per_query"})
+
+
+def test_shared_forward_gives_the_base_and_the_converted_cls_checkpoint_from_one_forward(minilm_path, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from evaluation.table import SharedForward, evaluate_table
+    from training.convert import convert_to_lmk
+
+    cls_checkpoint = AutoModel.from_pretrained(convert_to_lmk(minilm_path, tmp_path / "cls", pooling="cls"),
+                                               trust_remote_code=True).eval()
+    reference = SentenceTransformer(str(minilm_path), device="cpu")
+    model = SentenceTransformer(str(minilm_path), device="cpu")
+    forwards = []
+    encode_document = model.encode_document
+    model.encode_document = lambda *args, **kwargs: forwards.append(1) or encode_document(*args, **kwargs)
+    shared = SharedForward(model)
+    texts = helpers.stdlib_texts(5) + ["short", ""]
+    for length in (64, 512):
+        shared.view("model").max_seq_length = reference.max_seq_length = length
+        cls, mean = shared.view("cls").encode_document(texts), shared.view("model").encode_document(texts)
+        assert np.abs(mean - reference.encode_document(texts)).max() < 1e-6
+        assert np.abs(cls - cls_checkpoint.encode_document(texts, max_length=length)).max() < 1e-6
+        queries = ["parse a json string", "wrap text"]
+        assert np.abs(shared.view("cls").encode_query(queries) - cls_checkpoint.encode_query(queries, max_length=length)).max() < 1e-6
+    assert len(forwards) == 2  # one forward per max length, for both poolings
+    with pytest.raises(ValueError, match="pooling"):
+        shared.view("max")
+
+    documents = {f"d{i}": text for i, text in enumerate(texts[:5])}
+    split = corpora.RetrievalSplit("toy", {f"q{i}": " ".join(t.split()[:6]) for i, t in enumerate(texts[:5])}, documents,
+                                   {f"q{i}": {f"d{i}": 1} for i in range(5)})
+    rows = evaluate_table({"view": (shared.view("cls"), [64]), "checkpoint": (cls_checkpoint, [64])}, [split], progress=False)
+    assert rows[0]["ndcg_at_10"] == rows[1]["ndcg_at_10"] and rows[0]["recall_at_1"] == rows[1]["recall_at_1"]
 
 
 def test_paired_bootstrap_is_exact_for_a_shift_and_matches_the_normal_interval():

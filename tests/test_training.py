@@ -294,6 +294,41 @@ def test_side_by_side_names_the_failed_run_and_bad_arguments(lmk_checkpoint, tmp
         train_side_by_side({})
 
 
+def test_side_by_side_workers_stop_when_the_caller_is_killed(lmk_checkpoint, tmp_path, toy_jsonl):
+    import dataclasses
+
+    import psutil
+
+    config = run_config(lmk_checkpoint, tmp_path, data=toy_jsonl, max_steps=1_000_000)
+    driver = ("import json, sys; from training import TrainConfig, train_side_by_side; "
+              "train_side_by_side({'long': TrainConfig(**json.loads(sys.stdin.read()))}, threads_per_run=1)")
+    caller = subprocess.Popen([sys.executable, "-c", driver], stdin=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parent.parent)
+    caller.stdin.write(json.dumps(dataclasses.asdict(config)))
+    caller.stdin.close()
+    log = Path(config.output_dir) / "train.log"
+
+    def training_started() -> bool:  # the trainer's progress bar is in the worker's log
+        return log.is_file() and ("it/s" in log.read_text() or "s/it" in log.read_text())
+
+    workers = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not training_started():
+            time.sleep(0.5)
+        workers = [p for p in psutil.Process(caller.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+        assert workers, "no training worker was started"
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, "the training worker went on after its caller was killed"
+    finally:
+        caller.kill()
+        for worker in workers:
+            if worker.is_running():
+                worker.kill()
+
+
 def test_lora_adapter_round_trip(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
     from sentence_transformers import SentenceTransformer
 

@@ -396,9 +396,18 @@ def _train_in_worker(config: TrainConfig, threads: int, log_path: str) -> dict:
     Returns `train`'s dict without the model (it stays in the worker)."""
     import os
     import sys
+    import threading
     import time
     import traceback
 
+    parent = os.getppid()
+
+    def exit_with_parent() -> None:  # a killed caller waits for no result: stop rather than train on for no one
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
     with open(log_path, "w") as log:
         sys.stdout.flush()
         sys.stderr.flush()
