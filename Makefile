@@ -8,15 +8,15 @@ STAMP  := $(VENV)/.installed
 
 EXTRAS := train,eval,dev,rwkv7,scale
 
-# pip takes torch (it finds the CPU wheel where one lies on disk); uv installs the rest, the same
-# versions in a fraction of pip's time, compiled to bytecode as pip does. Where uv cannot reach an index
-# that pip can, pip does it.
+# pip takes torch (it finds the CPU wheel where one lies on disk); uv installs the rest in a fraction
+# of pip's time, compiled to bytecode as pip does. uv reads no pip configuration: where it cannot
+# reach an index that pip can, pip installs the set instead.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 uv
 	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e ".[$(EXTRAS)]" \
-	  || $(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	  || { echo "uv could not install the set; pip installs it instead"; $(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"; }
 	touch $(STAMP)
 
 install: $(STAMP)

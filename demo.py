@@ -145,7 +145,9 @@ def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, b
         return AutoModel.from_pretrained(path, trust_remote_code=True).eval()
 
     base = SharedForward(SentenceTransformer(minilm_path(), device="cpu"))
-    sample, length = list(splits[0].documents.values())[:8], max(budget["untrained_lengths"])
+    sample, length = [text for split in splits for text in split.documents.values()][:8], max(budget["untrained_lengths"])
+    if not sample:
+        raise SystemExit("The evaluation splits hold no documents.")
     base.model.max_seq_length = length
     gap = float(np.abs(base.view("cls").encode_document(sample) - ours(untrained["cls"]).encode_document(sample, max_length=length)).max())
     if gap > 1e-5:
@@ -209,6 +211,9 @@ def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str,
 
     import push
     from model_cards import write_card
+
+    if not checkpoints:
+        return {}
 
     def publish(name: str) -> int:
         repo_id = f"demo-org/{name}"

@@ -50,6 +50,7 @@ def _task_class():
                 relevant_docs=relevant,
                 top_ranked=None,
             )
+            self.per_query = None  # filled by `task_specific_scores` during evaluation
 
         def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
             self.dataset = {"default": {"test": self._split}}
@@ -110,4 +111,7 @@ def evaluate_retrieval(
     result = mteb.evaluate(encoder, task, cache=None, show_progress_bar=False)
     scores = result.task_results[0].scores["test"][0]
     scores = {key: float(value) for key, value in scores.items() if isinstance(value, (int, float))}
+    if per_query and task.per_query is None:
+        raise RuntimeError("mteb did not hand over per-query scores (`task_specific_scores` was not called); "
+                           "this mteb version cannot give `per_query=True`.")
     return (scores, task.per_query) if per_query else scores

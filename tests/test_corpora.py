@@ -111,13 +111,19 @@ def test_build_corpus_caches_and_dedups_across_sources(tmp_path, monkeypatch):
 
 
 def test_build_corpus_renders_longest_first_but_dedups_in_the_given_order(tmp_path, monkeypatch):
-    # symbolic renders first (it takes the longest), yet a page shared with a training source stays there.
-    assert corpora.RENDER_SECONDS["symbolic"] > corpora.RENDER_SECONDS["arrays"]
+    order = corpora.render_order(corpora.SOURCES)
+    assert sorted(order) == sorted(corpora.SOURCES) and order[0] == "symbolic"
+    assert [corpora.RENDER_SECONDS[s] for s in order] == sorted(corpora.RENDER_SECONDS.values(), reverse=True)
+    submitted = []
+    # symbolic renders first, yet a page shared with a training source stays with the training source.
     fake = {"arrays": [item("arrays", "n", "n.f", "shared summary line", "same page text " * 10)],
             "symbolic": [item("symbolic", "s", "s.f", "shared summary line", "same page text " * 10),
                          item("symbolic", "s", "s.g", "its own summary", "its own page " * 10)]}
     monkeypatch.setattr(corpora, "rendered_source_items", lambda source, **kwargs: fake[source])
+    real_order = corpora.render_order
+    monkeypatch.setattr(corpora, "render_order", lambda sources: submitted.append(real_order(sources)) or submitted[-1])
     corpus = build_corpus(tmp_path, sources=("arrays", "symbolic"))
+    assert submitted == [["symbolic", "arrays"]]  # build_corpus hands the sources to the pool in this order
     assert list(corpus) == ["arrays", "symbolic"]
     assert [i.name for i in corpus["arrays"]] == ["n.f"] and [i.name for i in corpus["symbolic"]] == ["s.g"]
 
@@ -172,14 +178,20 @@ def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
     rows = evaluate_table({"minilm": (model, [128])}, [right, wrong], progress=False, per_query=True)
     assert rows[0]["ndcg_at_10"] == pytest.approx(1.0) and rows[0]["recall_at_1"] == pytest.approx(1.0)
     assert rows[1]["ndcg_at_10"] < 0.7 and rows[1]["recall_at_1"] == 0
+    with pytest.raises(ValueError, match="different splits"):
+        compare(rows[0], rows[1])
     for row in rows:  # mteb's score is the mean of the per-query scores kept beside it (mteb rounds to 5 places)
         for metric in ("ndcg_at_10", "recall_at_1"):
             values = row["per_query"][metric]
             assert set(values) == set(queries) and sum(values.values()) / len(values) == pytest.approx(row[metric], abs=1e-5)
-    difference, low, high = compare(rows[0], rows[1])
-    assert difference == pytest.approx(rows[0]["ndcg_at_10"] - rows[1]["ndcg_at_10"], abs=1e-5) and low <= difference <= high
+    # The same queries scored by a model that ranks them the wrong way round: a paired comparison on one split.
+    flipped = {**rows[1], "split": rows[0]["split"]}
+    difference, low, high = compare(rows[0], flipped)
+    assert difference == pytest.approx(rows[0]["ndcg_at_10"] - rows[1]["ndcg_at_10"], abs=1e-5) and 0 < low <= difference <= high
     with pytest.raises(ValueError, match="rival"):
-        compare(rows[0], {k: v for k, v in rows[1].items() if k != "per_query"})
+        compare(rows[0], {k: v for k, v in flipped.items() if k != "per_query"})
+    with pytest.raises(ValueError, match="metric"):
+        compare(rows[0], flipped, metric="ndcg_at_1")
 
 
 def test_shared_forward_gives_the_base_and_the_converted_cls_checkpoint_from_one_forward(minilm_path, tmp_path):
@@ -231,6 +243,8 @@ def test_paired_bootstrap_is_exact_for_a_shift_and_matches_the_normal_interval()
         paired_bootstrap([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="confidence"):
         paired_bootstrap([1.0], [0.0], confidence=95)
+    with pytest.raises(ValueError, match="resamples"):
+        paired_bootstrap([1.0], [0.0], resamples=0)
 
 
 def test_training_rows_carry_mined_negatives_and_sources():

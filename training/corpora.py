@@ -125,7 +125,7 @@ STDLIB_SUBMODULES = (
 )
 OUT_OF_DOMAIN_SOURCES = ("scientific", "symbolic")
 SOURCES = TRAIN_SOURCES + OUT_OF_DOMAIN_SOURCES
-# Seconds each source took to render on one core (measured; sympy's module pages are the longest).
+# Seconds each source took to render on one core (measured once; sympy's module pages are the longest).
 RENDER_SECONDS = {"symbolic": 52, "huggingface": 31, "tools": 26, "stdlib": 23, "torch": 23, "arrays": 19, "scientific": 19}
 # The man pages are reserved: never read, neither for training nor for evaluation.
 RESERVED_DIRS = tuple(
@@ -252,8 +252,7 @@ def source_items(source: str, max_methods_per_class: int = 120, modules: list[st
 def build_corpus(cache_dir: str | Path | None = None, sources=SOURCES) -> dict[str, list[DocItem]]:
     """{source: items}, cached as jsonl under `cache_dir` keyed by the installed package versions."""
     cache = Path(cache_dir) if cache_dir is not None else None
-    # Longest first, so that neither worker idles while the other renders the last, longest source.
-    by_cost = sorted(sources, key=lambda source: -RENDER_SECONDS.get(source, 0))
+    by_cost = render_order(sources)
     with ThreadPoolExecutor(max_workers=2) as pool:  # each source renders in its own interpreter
         rendered = dict(zip(by_cost, pool.map(lambda source: _cached_source_items(source, cache), by_cost)))
     corpus = {source: rendered[source] for source in sources}
@@ -271,6 +270,11 @@ def build_corpus(cache_dir: str | Path | None = None, sources=SOURCES) -> dict[s
             kept.append(item)
         corpus[source] = kept
     return corpus
+
+
+def render_order(sources) -> list[str]:
+    """`sources`, longest to render first: then neither worker idles while the other renders the last one."""
+    return sorted(sources, key=lambda source: -RENDER_SECONDS.get(source, 0))
 
 
 def _cached_source_items(source: str, cache: Path | None) -> list[DocItem]:

@@ -391,19 +391,18 @@ def train(config: TrainConfig) -> dict:
 # ---- several runs at once on one machine ----------------------------------------------------------
 
 
-def _train_in_worker(config: TrainConfig, threads: int, log_path: str) -> dict:
-    """`train(config)` in a worker process on `threads` torch threads, its output into `log_path`.
-    Returns `train`'s dict without the model (it stays in the worker)."""
+def _train_in_worker(config: TrainConfig, threads: int, log_path: str, caller: int) -> dict:
+    """`train(config)` in a worker process on `threads` torch threads, its output into `log_path`;
+    it exits when process `caller` (its parent) is gone. Returns `train`'s dict without the model
+    (it stays in the worker)."""
     import os
     import sys
     import threading
     import time
     import traceback
 
-    parent = os.getppid()
-
     def exit_with_parent() -> None:  # a killed caller waits for no result: stop rather than train on for no one
-        while os.getppid() == parent:
+        while os.getppid() == caller:
             time.sleep(1)
         os._exit(1)
 
@@ -439,6 +438,7 @@ def train_side_by_side(configs: dict[str, TrainConfig], threads_per_run: int | N
     threads_per_run: torch threads of each run (default: this process's threads split evenly, at least 1).
     """
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
@@ -457,7 +457,7 @@ def train_side_by_side(configs: dict[str, TrainConfig], threads_per_run: int | N
         logs[name] = folder / "train.log"
     # spawn, not fork: a forked child would inherit this process's torch thread pool and locks.
     with ProcessPoolExecutor(max_workers=len(configs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {name: pool.submit(_train_in_worker, config, threads_per_run, str(logs[name]))
+        futures = {name: pool.submit(_train_in_worker, config, threads_per_run, str(logs[name]), os.getpid())
                    for name, config in configs.items()}
         results, failures = {}, {}
         for name, future in futures.items():
