@@ -1,5 +1,6 @@
 """The documentation corpora, negative mining and the evaluation table (issue: fine-tuning that beats its base)."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -318,3 +319,24 @@ def test_an_elided_set_of_objects_hashed_by_address_keeps_only_its_type(tmp_path
 
     page = corpora.render_page(lmk_corpus_elided_set)
     assert "ALL_DTYPES = frozenset({...})" in page and "Int1" not in page.split("ALL_DTYPES")[1]
+
+
+def test_how_much_of_a_cut_value_shows_does_not_depend_on_the_install_folders_length(tmp_path, monkeypatch):
+    # pydoc cuts a long value to 100 characters; the folder must be replaced before the cut, or a
+    # clone in a folder with a longer name shows less of the value (a different page).
+    from training import stdlib_corpus
+
+    pages = []
+    for folder in ("/opt/a", "/opt/a-much-longer-folder-name-for-the-same-installation"):
+        name = f"lmk_corpus_paths_{len(pages)}"
+        (tmp_path / f"{name}.py").write_text(
+            f'"""A module whose data names files under its install folder."""\n'
+            f"TEMPLATE = {folder + '/share/templates/' + 'card-' * 30 + 'end.md'!r}\n"
+            f"FILES = [{folder + '/share/a.txt'!r}, {folder + '/share/b.txt'!r}]\n")
+        monkeypatch.setattr(stdlib_corpus, "_machine_paths", lambda folder=folder: [folder])
+        monkeypatch.syspath_prepend(str(tmp_path))
+        page = stdlib_corpus.render_page(importlib.import_module(name))
+        pages.append(page.replace(name, "MODULE").split("DATA")[1])
+    assert pages[0] == pages[1]
+    assert "TEMPLATE = '.../share/templates/card-card-" in pages[0] and "/opt/a" not in pages[0]
+    assert "FILES = ['.../share/a.txt', '.../share/b.txt']" in pages[0]

@@ -136,7 +136,7 @@ DISTRIBUTIONS = {"sklearn": "scikit-learn", "PIL": "pillow", "yaml": "PyYAML", "
                  "markdown_it": "markdown-it-py"}
 MIN_SYNOPSIS_WORDS = 3
 MIN_BODY_CHARS = 80  # a page that is little more than its signature teaches nothing
-CORPUS_VERSION = 7
+CORPUS_VERSION = 8  # 8: machine paths replaced before pydoc cuts a long value
 
 
 @dataclass(frozen=True)

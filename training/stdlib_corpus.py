@@ -75,12 +75,46 @@ def _machine_paths() -> list[str]:
     return sorted((p for p in paths if len(p) > 1), key=len, reverse=True)
 
 
+def _without_machine_paths(text: str) -> str:
+    for path in _machine_paths():
+        text = text.replace(path, "...")
+    return text
+
+
+class _PathFreeRepr(pydoc.TextRepr):
+    """pydoc's value repr with the machine's paths replaced *before* it cuts a long repr to 100
+    characters, so that how much of a value shows does not depend on how long the install folder's name is."""
+
+    def repr_string(self, x, level):
+        return super().repr_string(_without_machine_paths(x), level)
+
+    repr_str = repr_string
+
+    def repr1(self, x, level):  # as pydoc's, with the paths replaced in the fallback
+        if hasattr(self, "repr_" + "_".join(type(x).__name__.split())):
+            return super().repr1(x, level)
+        return pydoc.cram(pydoc.stripid(_without_machine_paths(repr(x))), self.maxother)
+
+
+class _PathFreeTextDoc(pydoc.TextDoc):
+    """`pydoc.plaintext` (TextDoc without overstruck bold) with `_PathFreeRepr` for values."""
+
+    _repr_instance = _PathFreeRepr()
+    repr = _repr_instance.repr
+
+    def bold(self, text):
+        return text
+
+
+_RENDERER = _PathFreeTextDoc()
+
+
 def render_page(obj) -> str:
     """pydoc's plain-text page of `obj`, without what changes from run to run or machine to machine:
     addresses, environment variables, import-time random values and the installation's paths."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+        text = pydoc.render_doc(obj, renderer=_RENDERER)
     text = _ENVIRON_CUT.sub("environ({...})", _ENVIRON.sub("environ({...})", text))
     text = _RANDOM_ID.sub("'...'", _ADDRESS.sub("", text))
     # Each of these needs its literal to match; the check skips seconds of regex on sympy's 30 MB pages.
@@ -88,9 +122,8 @@ def render_page(obj) -> str:
         text = _MAY_VARY.sub(r"\1...\2", text)
     if "set({" in text:
         text = _ELIDED_SET.sub(r"\1({...})", text)
-    for path in _machine_paths():
-        text = text.replace(path, "...")
-    return text
+    # Paths outside value reprs (a module's FILE, docstrings) are not cut, so they are replaced here.
+    return _without_machine_paths(text)
 
 
 def stdlib_module_names() -> list[str]:
