@@ -1,5 +1,5 @@
 # `make demo` runs the main job, `make train-full` its full-budget version, `make test` the test suite.
-# Each creates .venv when it is missing and installs torch==2.13.0 first (the CPU wheel), then the pinned set.
+# Each creates .venv when it is missing and installs torch==2.13.0 (the CPU wheel) and the pinned set.
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -8,15 +8,17 @@ STAMP  := $(VENV)/.installed
 
 EXTRAS := train,eval,dev,rwkv7,scale
 
-# pip takes torch (it finds the CPU wheel where one lies on disk); uv installs the rest in a fraction
-# of pip's time, compiled to bytecode as pip does. uv reads no pip configuration: where it cannot
-# reach an index that pip can, pip installs the set instead.
+# uv installs torch and the pinned set in a fraction of pip's time, compiled to bytecode as pip does.
+# uv reads no pip configuration, so it is given pip's find-links: where the CPU torch wheel lies on
+# disk, uv takes it from there, as pip would. Where uv cannot install the set, pip does, and says so.
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 uv
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -c constraints.txt -e ".[$(EXTRAS)]" \
-	  || { echo "uv could not install the set; pip installs it instead"; $(PY) -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"; }
+	$(PY) -m pip install -q -c constraints.txt uv
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(addprefix --find-links ,$(FIND_LINKS)) \
+	  -c constraints.txt torch==2.13.0 -e ".[$(EXTRAS)]" \
+	  || { echo "uv could not install the set; pip installs it instead"; $(PY) -m pip install -q -c constraints.txt torch==2.13.0 -e ".[$(EXTRAS)]"; }
 	touch $(STAMP)
 
 install: $(STAMP)

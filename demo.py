@@ -292,6 +292,40 @@ def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     return 0
 
 
+# ---- the trained checkpoints on larger splits (--rescore) ----------------------------------------------
+
+
+def rescore(queries: int, out_dir: Path) -> int:
+    """The checkpoints a run left in `out_dir`, scored again on larger splits (up to `queries` queries
+    each, every class and function page when the source has fewer) against the base at 256 and 512
+    tokens, with the verdicts and their intervals: more queries, narrower intervals."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from evaluation.table import evaluate_table, format_table, save_table
+    from training.corpora import build_corpus, evaluation_splits
+
+    trained = {name: out_dir / f"run-{name}" / "final" for name in ("lmk", "cls")}
+    missing = [str(path) for path in trained.values() if not (path / "config.json").is_file()]
+    if missing:
+        raise SystemExit(f"--rescore needs the trained checkpoints of a finished run; missing: {', '.join(missing)}")
+    splits = evaluation_splits(build_corpus(out_dir.parent / "corpora"), max_queries=queries, in_domain_queries=queries)
+    for split in splits:
+        say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+    models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), [256, 512])}
+    models.update({f"trained {name.upper()}": (AutoModel.from_pretrained(path, trust_remote_code=True).eval(), [512])
+                   for name, path in trained.items()})
+    rows = evaluate_table(models, splits, per_query=True)
+    for metric in METRICS:
+        say("\n" + format_table(rows, metric))
+    say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
+    for line in verdicts(rows):
+        say(line)
+    files = save_table(rows, out_dir / "results", stem=f"rescore-{queries}")
+    say(f"Results: {files['json']} and {files['png']}")
+    return 0
+
+
 # ---- main -------------------------------------------------------------------------------------------
 
 
@@ -303,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablate", nargs="+", default=None, metavar="KEY=VALUE",
                         help="instead: train LMK only with these RECIPE changes, score it at 512 tokens, and add it "
                              "to training/recipes/cpu_ablation_results.json")
+    parser.add_argument("--rescore", type=int, default=None, metavar="QUERIES",
+                        help="instead: score the trained checkpoints of a finished run (in --out) again on splits of "
+                             "up to QUERIES queries each, against the base at 256 and 512 tokens")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -315,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--steps must be a positive integer, got {args.steps}")
         budget["steps"] = args.steps
     out_dir = Path(args.out or f"runs/{args.budget}").resolve()
+    if args.rescore is not None:
+        if args.rescore <= 0:
+            parser.error(f"--rescore must be a positive number of queries, got {args.rescore}")
+        return rescore(args.rescore, out_dir)
     if args.ablate:
         return ablate(args.ablate, budget, out_dir.parent)
     start = time.perf_counter()
