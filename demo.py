@@ -296,19 +296,21 @@ def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
 
 
 def rescore(queries: int, out_dir: Path) -> int:
-    """The checkpoints a run left in `out_dir`, scored again on larger splits (up to `queries` queries
-    each, every class and function page when the source has fewer) against the base at 256 and 512
-    tokens, with the verdicts and their intervals: more queries, narrower intervals."""
+    """The checkpoints a run left in `out_dir` (trained LMK and CLS, or LMK alone after --ablate), scored
+    again on larger splits (up to `queries` queries each, every class and function page when the
+    source has fewer) against the base at 256 and 512 tokens, with the verdicts and their intervals:
+    more queries, narrower intervals."""
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
     from evaluation.table import evaluate_table, format_table, save_table
     from training.corpora import build_corpus, evaluation_splits
 
-    trained = {name: out_dir / f"run-{name}" / "final" for name in ("lmk", "cls")}
-    missing = [str(path) for path in trained.values() if not (path / "config.json").is_file()]
-    if missing:
-        raise SystemExit(f"--rescore needs the trained checkpoints of a finished run; missing: {', '.join(missing)}")
+    folders = {name: out_dir / f"run-{name}" / "final" for name in ("lmk", "cls")}
+    trained = {name: path for name, path in folders.items() if (path / "config.json").is_file()}  # --ablate trains LMK only
+    if not trained:
+        raise SystemExit(f"--rescore needs the trained checkpoints of a finished run; found neither "
+                         f"{' nor '.join(str(path) for path in folders.values())}")
     splits = evaluation_splits(build_corpus(out_dir.parent / "corpora"), max_queries=queries, in_domain_queries=queries)
     for split in splits:
         say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")

@@ -12,8 +12,6 @@ def test_rescore_needs_a_positive_number_of_queries(capsys):
 
 
 def test_rescore_names_the_checkpoints_it_cannot_find(tmp_path):
-    (tmp_path / "run-lmk" / "final").mkdir(parents=True)
-    (tmp_path / "run-lmk" / "final" / "config.json").write_text("{}")
-    with pytest.raises(SystemExit, match=r"--rescore needs the trained checkpoints.*run-cls/final") as stop:
+    (tmp_path / "run-lmk" / "final").mkdir(parents=True)  # a folder without a checkpoint in it
+    with pytest.raises(SystemExit, match=r"--rescore needs the trained checkpoints.*run-lmk/final nor .*run-cls/final"):
         demo.main(["--rescore", "50", "--out", str(tmp_path)])
-    assert "run-lmk" not in str(stop.value.code)
