@@ -131,33 +131,36 @@ def finetune_side_by_side(bases: dict[str, Path], train_file: Path, out_dir: Pat
 # ---- 4. evaluation ----------------------------------------------------------------------------------
 
 
+def load_checkpoint(path: Path):
+    """One of our checkpoints, through AutoModel (its code ships inside it), in eval mode."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+
+
 def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, budget: dict) -> list[dict]:
     """Every model on every split. The base and untrained CLS run the same encoder on the same tokens
     and differ only in pooling, so one forward scores both (`SharedForward`); on a sample of
     documents the CLS vectors are first checked against the converted checkpoint."""
     import numpy as np
     from sentence_transformers import SentenceTransformer
-    from transformers import AutoModel
 
     from evaluation.table import SharedForward, evaluate_table
-
-    def ours(path):
-        return AutoModel.from_pretrained(path, trust_remote_code=True).eval()
 
     base = SharedForward(SentenceTransformer(minilm_path(), device="cpu"))
     sample, length = [text for split in splits for text in split.documents.values()][:8], max(budget["untrained_lengths"])
     if not sample:
         raise SystemExit("The evaluation splits hold no documents.")
     base.model.max_seq_length = length
-    gap = float(np.abs(base.view("cls").encode_document(sample) - ours(untrained["cls"]).encode_document(sample, max_length=length)).max())
+    gap = float(np.abs(base.view("cls").encode_document(sample) - load_checkpoint(untrained["cls"]).encode_document(sample, max_length=length)).max())
     if gap > 1e-5:
         raise SystemExit(f"The base's [CLS] states differ from the untrained CLS checkpoint by {gap:.2e}; score it on its own.")
     say(f"  untrained CLS is scored from the base's forward: its [CLS] state, equal to the converted checkpoint "
         f"on {len(sample)} documents (largest difference {gap:.1e})")
     models = {BASE_ROW: (base.view("model"), budget["base_lengths"]),
-              "untrained LMK": (ours(untrained["lmk"]), budget["untrained_lengths"]),
+              "untrained LMK": (load_checkpoint(untrained["lmk"]), budget["untrained_lengths"]),
               "untrained CLS": (base.view("cls"), budget["untrained_lengths"])}
-    models.update({f"trained {name.upper()}": (ours(path), budget["trained_lengths"]) for name, path in trained.items()})
+    models.update({f"trained {name.upper()}": (load_checkpoint(path), budget["trained_lengths"]) for name, path in trained.items()})
     return evaluate_table(models, splits, per_query=True)
 
 
@@ -185,6 +188,19 @@ def verdicts(rows: list[dict]) -> list[str]:
                          f"{rival['ndcg_at_10']:.4f}; {difference:+.4f}, 95% CI {low:+.4f} to {high:+.4f}{noise})")
         lines.append(f"  {split}: trained LMK@512 " + "; ".join(parts))
     return lines
+
+
+def report(rows: list[dict], folder: Path, stem: str) -> None:
+    """Print the table for each metric and the verdict lines, and write `folder/stem.{json,png}`."""
+    from evaluation.table import format_table, save_table
+
+    for metric in METRICS:
+        say("\n" + format_table(rows, metric))
+    say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
+    for line in verdicts(rows):
+        say(line)
+    files = save_table(rows, folder, stem=stem)
+    say(f"Results: {files['json']} and {files['png']}")
 
 
 def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
@@ -269,8 +285,6 @@ def parse_override(text: str, recipe: dict) -> tuple[str, object]:
 def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     """The budget's data, training and evaluation with RECIPE changed by `overrides`, LMK only, scored
     at 512 tokens on every split; the entry is added to training/recipes/cpu_ablation_results.json."""
-    from transformers import AutoModel
-
     from evaluation.table import evaluate_table, format_table
     from training import train
     from training.recipe import RECIPE
@@ -283,7 +297,7 @@ def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     splits, train_file = build_data(out, budget, recipe)
     base = convert_bases(out / "checkpoints", recipe)["lmk"]
     trained = train(train_config(base, "lmk", train_file, out, budget["steps"], recipe))["final_dir"]
-    model = AutoModel.from_pretrained(trained, trust_remote_code=True).eval()
+    model = load_checkpoint(trained)
     rows = evaluate_table({f"trained LMK, {name}": (model, [512])}, splits)
     results = json.loads(ABLATION_RESULTS.read_text()) if ABLATION_RESULTS.is_file() else {}
     results[name] = {"recipe": recipe, "rows": rows, "seconds": round(time.perf_counter() - start)}
@@ -301,9 +315,8 @@ def rescore(queries: int, out_dir: Path) -> int:
     source has fewer) against the base at 256 and 512 tokens, with the verdicts and their intervals:
     more queries, narrower intervals."""
     from sentence_transformers import SentenceTransformer
-    from transformers import AutoModel
 
-    from evaluation.table import evaluate_table, format_table, save_table
+    from evaluation.table import evaluate_table
     from training.corpora import build_corpus, evaluation_splits
 
     folders = {name: out_dir / f"run-{name}" / "final" for name in ("lmk", "cls")}
@@ -315,16 +328,8 @@ def rescore(queries: int, out_dir: Path) -> int:
     for split in splits:
         say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
     models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), [256, 512])}
-    models.update({f"trained {name.upper()}": (AutoModel.from_pretrained(path, trust_remote_code=True).eval(), [512])
-                   for name, path in trained.items()})
-    rows = evaluate_table(models, splits, per_query=True)
-    for metric in METRICS:
-        say("\n" + format_table(rows, metric))
-    say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
-    for line in verdicts(rows):
-        say(line)
-    files = save_table(rows, out_dir / "results", stem=f"rescore-{queries}")
-    say(f"Results: {files['json']} and {files['png']}")
+    models.update({f"trained {name.upper()}": (load_checkpoint(path), [512]) for name, path in trained.items()})
+    report(evaluate_table(models, splits, per_query=True), out_dir / "results", stem=f"rescore-{queries}")
     return 0
 
 
@@ -345,7 +350,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from evaluation.table import format_table, save_table
     from training.recipe import RECIPE
 
     budget = dict(BUDGETS[args.budget])
@@ -377,13 +381,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say("\n4. Evaluating every model on every split (mteb) ...")
     rows = evaluate_all(untrained, trained, splits, budget)
-    for metric in METRICS:
-        say("\n" + format_table(rows, metric))
-    say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
-    for line in verdicts(rows):
-        say(line)
-    files = save_table(rows, out_dir / "results", stem="results")
-    say(f"Results: {files['json']} and {files['png']}")
+    report(rows, out_dir / "results", stem="results")
     lap("evaluation")
 
     say("\n5. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
