@@ -548,3 +548,78 @@ def test_training_with_teacher_embeddings(lmk_checkpoint, tmp_path):
     assert result["global_step"] == 2
     losses = [entry["loss"] for entry in result["log_history"] if "loss" in entry]
     assert all(np.isfinite(losses))
+
+
+# ---- batches grouped by length ------------------------------------------------------------------
+
+
+def grouped_batches(lengths, batch_size, drop_last=False, epoch=0, seed=0, duplicate_of=None):
+    """`LengthGroupedBatchSampler` batches over rows whose positive has `lengths[i]` characters;
+    `duplicate_of` {i: j} makes row i's positive equal to row j's."""
+    from datasets import Dataset
+
+    from training.finetune import LengthGroupedBatchSampler
+
+    positives = ["x" * length + f"#{i:03d}" for i, length in enumerate(lengths)]  # length + 4 characters
+    for i, j in (duplicate_of or {}).items():
+        positives[i] = positives[j]
+    dataset = Dataset.from_dict({"query": [f"q{i:03d}" for i in range(len(lengths))], "positive": positives,
+                                 "label": [[0.0]] * len(lengths)})
+    sampler = LengthGroupedBatchSampler(dataset, batch_size=batch_size, drop_last=drop_last, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler), positives, len(sampler)
+
+
+def test_length_grouped_batches_hold_every_row_once_and_similar_lengths():
+    lengths = [(i * 37) % 101 for i in range(64)]  # distinct lengths, shuffled
+    batches, _, count = grouped_batches(lengths, batch_size=4)
+    assert count == len(batches) == 16
+    assert sorted(i for batch in batches for i in batch) == list(range(64))  # no row lost or repeated
+    # One mega-batch (64 < 4 x 50 rows): each batch is a run of 4 consecutive lengths in sorted order.
+    ranks = {length: rank for rank, length in enumerate(sorted(lengths, reverse=True))}
+    for batch in batches:
+        batch_ranks = sorted(ranks[lengths[i]] for i in batch)
+        assert batch_ranks == list(range(batch_ranks[0], batch_ranks[0] + 4)) and batch_ranks[0] % 4 == 0
+    # The batch order is shuffled (not longest first), reproducibly per epoch, and differs between epochs.
+    assert [max(lengths[i] for i in batch) for batch in batches] != sorted(
+        (max(lengths[i] for i in batch) for batch in batches), reverse=True)
+    assert grouped_batches(lengths, batch_size=4)[0] == batches
+    assert grouped_batches(lengths, batch_size=4, epoch=1)[0] != batches
+
+
+def test_length_grouped_batches_never_hold_a_text_twice_and_respect_drop_last():
+    lengths = [10] * 6 + [50] * 5
+    batches, positives, _ = grouped_batches(lengths, batch_size=4, duplicate_of={1: 0, 2: 0, 3: 0})
+    assert sorted(i for batch in batches for i in batch) == list(range(11))
+    for batch in batches:
+        texts = [positives[i] for i in batch]
+        assert len(texts) == len(set(texts)) and len(batch) <= 4
+    kept, _, count = grouped_batches(lengths, batch_size=4, drop_last=True)
+    assert count == len(kept) == 2 and all(len(batch) == 4 for batch in kept)
+
+
+def test_training_grouped_by_length_pads_less(lmk_checkpoint, tmp_path, monkeypatch):
+    rows = toy_rows(16)
+    for i, row in enumerate(rows):  # half the passages short, half ten times as long
+        row["positive"] = row["positive"] if i % 2 else " ".join([row["positive"]] * 10)
+    data = write_jsonl(rows, tmp_path / "mixed.jsonl")
+    from training import finetune
+
+    collate = finetune.EmbeddingDataCollator.__call__
+    widths = []  # the padded width of every passage batch
+
+    def counting(self, features):
+        batch = collate(self, features)
+        widths.append(batch["positive_input_ids"].shape[1])
+        return batch
+
+    monkeypatch.setattr(finetune.EmbeddingDataCollator, "__call__", counting)
+    short_batches = {}
+    for grouped in (False, True):
+        widths.clear()
+        result = train(run_config(lmk_checkpoint, tmp_path / str(grouped), data=data, group_by_length=grouped,
+                                  num_negatives=0, max_steps=4, passage_max_length=256))
+        assert result["global_step"] == 4 and len(widths) == 4
+        short_batches[grouped] = sum(width < max(widths) / 2 for width in widths)  # long passages are ~10x wider
+    # Grouped, the 4 batches of one epoch are 2 of short passages and 2 of long ones; random batches mix them.
+    assert short_batches[True] == 2 and short_batches[False] < 2

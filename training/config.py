@@ -62,6 +62,8 @@ class TrainConfig:
 
     learning_rate: float | None = field(default=None, metadata={"help": "Default per family: LMK 2e-5, recurrent 4e-4."})
     per_device_train_batch_size: int = 16
+    group_by_length: bool = field(default=False, metadata={
+        "help": "Batch rows of similar length (less padding: a cheaper step when lengths vary); no text twice in a batch."})
     gradient_accumulation_steps: int = 1
     num_train_epochs: float = 1.0
     max_steps: int = -1

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from sentence_transformers.base.sampler import DefaultBatchSampler
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 from torch import nn
 
@@ -66,6 +67,60 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
         for key in [k for k in batch if k.endswith("_task")]:  # column roles, not model inputs
             del batch[key]
         return batch
+
+
+class LengthGroupedBatchSampler(DefaultBatchSampler):
+    """Batches of rows of similar length, each row once, no text twice in a batch.
+
+    A batch is padded to its longest passage, so random batches of documentation pages (a third run
+    past 512 tokens) are padded to the maximum length nearly every step. Like transformers'
+    `group_by_length`, the rows are shuffled, cut into mega-batches of `MEGA_BATCH` batches, sorted
+    by length within each, then cut into batches whose order is shuffled again. Length is the
+    characters of a row's text columns (a proxy for tokens that needs no tokenizer). A row that
+    would put a text twice into a batch (a duplicate, which would be its own in-batch negative) waits
+    for the next batch, as sentence-transformers' `NO_DUPLICATES` sampler does.
+    """
+
+    MEGA_BATCH = 50
+
+    def __init__(self, dataset, batch_size: int, drop_last: bool, valid_label_columns=None, generator=None, seed: int = 0):
+        super().__init__(dataset, batch_size=batch_size, drop_last=drop_last, valid_label_columns=valid_label_columns,
+                         generator=generator, seed=seed)
+        text_columns = [name for name in dataset.column_names if name not in (valid_label_columns or []) and name != "label"]
+        self.texts = list(zip(*(dataset[name] for name in text_columns)))
+        self.lengths = [sum(len(text) for text in row) for row in self.texts]
+        self._batches: tuple[int, list[list[int]]] | None = None
+
+    def _batches_for_epoch(self) -> list[list[int]]:
+        if self._batches is not None and self._batches[0] == self.epoch:
+            return self._batches[1]
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        mega = self.batch_size * self.MEGA_BATCH
+        batches = []
+        for start in range(0, len(order), mega):
+            pending = sorted(order[start:start + mega], key=lambda i: -self.lengths[i])
+            while pending:
+                batch, seen, waiting = [], set(), []
+                for index in pending:
+                    if len(batch) < self.batch_size and seen.isdisjoint(self.texts[index]):
+                        batch.append(index)
+                        seen.update(self.texts[index])
+                    else:
+                        waiting.append(index)
+                batches.append(batch)
+                pending = waiting
+        if self.drop_last:
+            batches = [batch for batch in batches if len(batch) == self.batch_size]
+        shuffled = torch.randperm(len(batches), generator=generator).tolist()
+        self._batches = (self.epoch, [batches[i] for i in shuffled])
+        return self._batches[1]
+
+    def __iter__(self):
+        yield from self._batches_for_epoch()
+
+    def __len__(self) -> int:
+        return len(self._batches_for_epoch())
 
 
 class InfoNCEWithDistillation(nn.Module):
@@ -352,7 +407,7 @@ def train(config: TrainConfig) -> dict:
         save_total_limit=config.save_total_limit,
         seed=config.seed,
         data_seed=config.seed,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        batch_sampler=LengthGroupedBatchSampler if config.group_by_length else BatchSamplers.NO_DUPLICATES,
         report_to="none",
         ddp_backend=config.ddp_backend,
         dataloader_num_workers=config.dataloader_num_workers,
