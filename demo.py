@@ -333,6 +333,37 @@ def rescore(queries: int, out_dir: Path) -> int:
     return 0
 
 
+def compare_results(new: Path, old: Path) -> int:
+    """Each trained row of the results file `new` against the row of the same model, split and max
+    length in `old`, both written with per-query scores on the same pages (for example a recipe change
+    rescored with --rescore against the recipe's own rescore): the difference, with its 95% paired
+    bootstrap interval over queries."""
+    from evaluation.table import compare
+
+    rows = {}
+    for label, path in (("new", new), ("old", old)):
+        if not path.is_file():
+            raise SystemExit(f"--compare: the {label} results file {path} does not exist")
+        rows[label] = json.loads(path.read_text())
+    previous = {(r["model"], r["split"], r["max_length"]): r for r in rows["old"]}
+    pairs = [(r, previous.get((r["model"], r["split"], r["max_length"]))) for r in rows["new"]
+             if r["model"].startswith("trained ")]
+    if not any(rival for _, rival in pairs):
+        raise SystemExit(f"--compare: no trained row of {new} has a row of the same model, split and max length in {old}")
+    say(f"nDCG@10 of {new} against {old} (the difference, and its 95% paired bootstrap interval over queries):")
+    for row, rival in pairs:
+        if rival is None:
+            continue
+        try:
+            difference, low, high = compare(row, rival)
+        except ValueError as error:  # another sample of pages, or rows without per-query scores
+            raise SystemExit(f"--compare: {error}") from None
+        noise = ", within noise" if low <= 0 <= high else ""
+        say(f"  {row['model']}@{row['max_length']}, {row['split']}: {row['ndcg_at_10']:.4f} vs {rival['ndcg_at_10']:.4f}; "
+            f"{difference:+.4f}, 95% CI {low:+.4f} to {high:+.4f}{noise}")
+    return 0
+
+
 # ---- main -------------------------------------------------------------------------------------------
 
 
@@ -347,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rescore", type=int, default=None, metavar="QUERIES",
                         help="instead: score the trained checkpoints of a finished run (in --out) again on splits of "
                              "up to QUERIES queries each, against the base at 256 and 512 tokens")
+    parser.add_argument("--compare", nargs=2, default=None, metavar=("NEW", "OLD"),
+                        help="instead: each trained row of the results file NEW against the same row of OLD "
+                             "(both from --rescore on the same pages), with paired bootstrap intervals")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -358,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--steps must be a positive integer, got {args.steps}")
         budget["steps"] = args.steps
     out_dir = Path(args.out or f"runs/{args.budget}").resolve()
+    if args.compare:
+        return compare_results(*(Path(path) for path in args.compare))
     if args.rescore is not None:
         if args.rescore <= 0:
             parser.error(f"--rescore must be a positive number of queries, got {args.rescore}")

@@ -15,3 +15,35 @@ def test_rescore_names_the_checkpoints_it_cannot_find(tmp_path):
     (tmp_path / "run-lmk" / "final").mkdir(parents=True)  # a folder without a checkpoint in it
     with pytest.raises(SystemExit, match=r"--rescore needs the trained checkpoints.*run-lmk/final nor .*run-cls/final"):
         demo.main(["--rescore", "50", "--out", str(tmp_path)])
+
+
+def _row(model, scores, split="symbolic (out-of-domain)"):
+    return {"model": model, "split": split, "max_length": 512, "ndcg_at_10": sum(scores.values()) / len(scores),
+            "recall_at_1": 0.0, "per_query": {"ndcg_at_10": scores, "recall_at_1": {q: 0.0 for q in scores}}}
+
+
+def test_compare_prints_the_paired_difference_of_each_trained_row(tmp_path, capsys):
+    import json
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps([_row("trained LMK", {"a": 0.5, "b": 0.5, "c": 0.75}), _row("base", {"a": 0.0, "b": 0.0, "c": 0.0})]))
+    new.write_text(json.dumps([_row("trained LMK", {"a": 1.0, "b": 1.0, "c": 1.0}), _row("base", {"a": 1.0, "b": 1.0, "c": 1.0})]))
+    assert demo.main(["--compare", str(new), str(old)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    # the queries gained 0.5, 0.5 and 0.25: no resample's mean lies below 0.25 or above 0.5; the base is not a trained row
+    assert lines == ["  trained LMK@512, symbolic (out-of-domain): 1.0000 vs 0.5833; +0.4167, 95% CI +0.2500 to +0.5000"]
+
+
+def test_compare_refuses_files_it_cannot_pair(tmp_path):
+    import json
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    with pytest.raises(SystemExit, match=r"--compare: the new results file .*new.json does not exist"):
+        demo.main(["--compare", str(new), str(old)])
+    new.write_text(json.dumps([_row("trained LMK", {"a": 1.0, "b": 1.0})]))
+    old.write_text(json.dumps([_row("trained CLS", {"a": 1.0, "b": 1.0})]))
+    with pytest.raises(SystemExit, match=r"no trained row of .*new.json has a row of the same model"):
+        demo.main(["--compare", str(new), str(old)])
+    old.write_text(json.dumps([_row("trained LMK", {"a": 1.0, "z": 1.0})]))
+    with pytest.raises(SystemExit, match=r"scored on different queries"):
+        demo.main(["--compare", str(new), str(old)])
