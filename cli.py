@@ -227,7 +227,15 @@ def _run_train(args) -> int:
 
     config = train_config(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    result = train(config)
+    try:
+        result = train(config)
+    finally:
+        import torch.distributed as dist
+
+        # Under torchrun the trainer opened a process group; leaving it to interpreter exit can abort
+        # a rank while gloo's threads are torn down ("terminate called without an active exception").
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     print(f"Final model: {result['final_dir']}")
     if result["metrics"]:
         print("Held-out metrics:", {k: round(v, 4) for k, v in result["metrics"].items() if k.endswith("ndcg@10")})
