@@ -164,12 +164,20 @@ def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, b
     return evaluate_table(models, splits, per_query=True)
 
 
+def difference_text(row: dict, rival: dict) -> tuple[float, str]:
+    """(nDCG@10 difference, "a vs b; +d, 95% CI low to high[, within noise]") of two rows with per-query scores."""
+    from evaluation.table import compare
+
+    difference, low, high = compare(row, rival)
+    noise = ", within noise" if low <= 0 <= high else ""
+    return difference, (f"{row['ndcg_at_10']:.4f} vs {rival['ndcg_at_10']:.4f}; {difference:+.4f}, "
+                        f"95% CI {low:+.4f} to {high:+.4f}{noise}")
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """Per split, at 512 tokens: does trained LMK beat the base at 512 and at 256, and trained CLS? Each
     difference comes with its 95% paired bootstrap interval over the split's queries ("within noise"
     when the interval holds 0)."""
-    from evaluation.table import compare
-
     row = {(r["model"], r["split"], r["max_length"]): r for r in rows}
     lines = []
     for split in dict.fromkeys(r["split"] for r in rows):
@@ -182,10 +190,8 @@ def verdicts(rows: list[dict]) -> list[str]:
         for label, rival in rivals.items():
             if rival is None:
                 continue
-            difference, low, high = compare(lmk, rival)
-            noise = ", within noise" if low <= 0 <= high else ""
-            parts.append(f"{'beats' if difference > 0 else 'does NOT beat'} {label} ({lmk['ndcg_at_10']:.4f} vs "
-                         f"{rival['ndcg_at_10']:.4f}; {difference:+.4f}, 95% CI {low:+.4f} to {high:+.4f}{noise})")
+            difference, text = difference_text(lmk, rival)
+            parts.append(f"{'beats' if difference > 0 else 'does NOT beat'} {label} ({text})")
         lines.append(f"  {split}: trained LMK@512 " + "; ".join(parts))
     return lines
 
@@ -338,29 +344,23 @@ def compare_results(new: Path, old: Path) -> int:
     length in `old`, both written with per-query scores on the same pages (for example a recipe change
     rescored with --rescore against the recipe's own rescore): the difference, with its 95% paired
     bootstrap interval over queries."""
-    from evaluation.table import compare
-
     rows = {}
     for label, path in (("new", new), ("old", old)):
         if not path.is_file():
             raise SystemExit(f"--compare: the {label} results file {path} does not exist")
         rows[label] = json.loads(path.read_text())
     previous = {(r["model"], r["split"], r["max_length"]): r for r in rows["old"]}
-    pairs = [(r, previous.get((r["model"], r["split"], r["max_length"]))) for r in rows["new"]
-             if r["model"].startswith("trained ")]
-    if not any(rival for _, rival in pairs):
+    pairs = [(r, previous[key]) for r in rows["new"]
+             if r["model"].startswith("trained ") and (key := (r["model"], r["split"], r["max_length"])) in previous]
+    if not pairs:
         raise SystemExit(f"--compare: no trained row of {new} has a row of the same model, split and max length in {old}")
     say(f"nDCG@10 of {new} against {old} (the difference, and its 95% paired bootstrap interval over queries):")
     for row, rival in pairs:
-        if rival is None:
-            continue
         try:
-            difference, low, high = compare(row, rival)
+            _, text = difference_text(row, rival)
         except ValueError as error:  # another sample of pages, or rows without per-query scores
             raise SystemExit(f"--compare: {error}") from None
-        noise = ", within noise" if low <= 0 <= high else ""
-        say(f"  {row['model']}@{row['max_length']}, {row['split']}: {row['ndcg_at_10']:.4f} vs {rival['ndcg_at_10']:.4f}; "
-            f"{difference:+.4f}, 95% CI {low:+.4f} to {high:+.4f}{noise}")
+        say(f"  {row['model']}@{row['max_length']}, {row['split']}: {text}")
     return 0
 
 
