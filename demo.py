@@ -1,8 +1,9 @@
 """The main job (`make demo`; `make train-full` is the same job with the full budget).
 
-1. Build documentation corpora from seven families of installed packages (summary line -> page),
+1. Build documentation corpora from eight families of installed packages (summary line -> page),
    offline: five train the model, two (scipy/scikit-learn, sympy/networkx) are never trained on and
-   score it out of domain, and held-out stdlib modules score it in domain.
+   score it out of domain, and held-out stdlib modules score it in domain. The eighth (ray, pytest,
+   ...) is neither trained on nor a test: it chooses between recipes (--ablate, --validate).
 2. Draw training rows evenly from the training sources (hard negatives are mined with BM25 when the
    recipe asks for them; the chosen recipe uses in-batch negatives only), and embed every text of
    every row with the untouched base model (all-MiniLM-L6-v2, mean pooling): its vectors are distilled.
@@ -56,11 +57,13 @@ def say(text: str) -> None:
 # ---- 1-2. data ------------------------------------------------------------------------------------
 
 
-def build_data(out_dir: Path, budget: dict, recipe: dict):
-    """(evaluation splits, training file): corpora, mined negatives and the base model's scores."""
+def build_data(out_dir: Path, budget: dict, recipe: dict, with_validation: bool = False):
+    """(evaluation splits, training file): corpora, mined negatives and the base model's scores. With
+    `with_validation`, the validation split (every class and function page of its source) comes second."""
     from sentence_transformers import SentenceTransformer
 
-    from training.corpora import OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, build_corpus, corpus_report, evaluation_splits
+    from training.corpora import (OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, VALIDATION_SOURCE, build_corpus, corpus_report,
+                                  evaluation_splits, validation_split)
     from training.recipe import add_teacher_embeddings, docs_training_rows, write_rows
 
     corpus = build_corpus(out_dir.parent / "corpora")
@@ -68,14 +71,19 @@ def build_data(out_dir: Path, budget: dict, recipe: dict):
     say(f"{'source':<13}{'role':<22}{'pairs':>7}{'words: median':>15}{'p90':>8}{'max':>10}   kinds")
     for source, info in report.items():
         role = "train" if source in TRAIN_SOURCES else "out-of-domain eval"
+        if source == VALIDATION_SOURCE:
+            role = "validation only"
         if source == "stdlib":
             role = "train + in-domain eval"
         kinds = ", ".join(f"{k} {v}" for k, v in info["kinds"].items())
         say(f"{source:<13}{role:<22}{info['count']:>7}{info['median']:>15.0f}{info['p90']:>8}{info['max']:>10}   {kinds}")
     total = sum(info["count"] for info in report.values())
-    say(f"{len(report)} sources, {total} pairs (out-of-domain sources: {', '.join(OUT_OF_DOMAIN_SOURCES)}).")
+    say(f"{len(report)} sources, {total} pairs (out-of-domain sources: {', '.join(OUT_OF_DOMAIN_SOURCES)}; "
+        f"validation source: {VALIDATION_SOURCE}).")
 
     splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
+    if with_validation:
+        splits.insert(1, validation_split(corpus))
     for split in splits:
         say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
 
@@ -290,7 +298,8 @@ def parse_override(text: str, recipe: dict) -> tuple[str, object]:
 
 def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     """The budget's data, training and evaluation with RECIPE changed by `overrides`, LMK only, scored
-    at 512 tokens on every split; the entry is added to training/recipes/cpu_ablation_results.json."""
+    at 512 tokens on every split, the validation split included (it is the one that chooses); the entry
+    is added to training/recipes/cpu_ablation_results.json."""
     from evaluation.table import evaluate_table, format_table
     from training import train
     from training.recipe import RECIPE
@@ -300,7 +309,7 @@ def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     name = ", ".join(f"{k}={v}" for k, v in changes.items()) + f" ({budget['steps']} steps)"
     out = runs_dir / ("ablation-" + "-".join(f"{k}{v}" for k, v in changes.items()))  # shares runs_dir/corpora
     start = time.perf_counter()
-    splits, train_file = build_data(out, budget, recipe)
+    splits, train_file = build_data(out, budget, recipe, with_validation=True)
     base = convert_bases(out / "checkpoints", recipe)["lmk"]
     trained = train(train_config(base, "lmk", train_file, out, budget["steps"], recipe))["final_dir"]
     model = load_checkpoint(trained)
@@ -336,6 +345,43 @@ def rescore(queries: int, out_dir: Path) -> int:
     models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), [256, 512])}
     models.update({f"trained {name.upper()}": (load_checkpoint(path), [512]) for name, path in trained.items()})
     report(evaluate_table(models, splits, per_query=True), out_dir / "results", stem=f"rescore-{queries}")
+    return 0
+
+
+def validate(run_dirs: list[Path], out_dir: Path) -> int:
+    """The trained LMK checkpoints of finished runs (`make demo`'s, or --ablate's) on every class and
+    function page of the validation source at 512 tokens, next to the base at 256 and 512, and each
+    set against the first run's with the 95% paired bootstrap interval of the difference. Its packages
+    are neither trained on nor tested on, so this is the split that chooses a recipe for
+    out-of-domain quality. Results go to `out_dir/results/validation.{json,png}`."""
+    from sentence_transformers import SentenceTransformer
+
+    from evaluation.table import evaluate_table
+    from training.corpora import build_corpus, validation_split
+
+    checkpoints = {}
+    for run in run_dirs:
+        path = run / "run-lmk" / "final"
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"--validate: {run} holds no trained LMK checkpoint (no {path / 'config.json'})")
+        name = f"trained LMK, {run.name}"
+        if name in checkpoints:
+            raise SystemExit(f"--validate: two runs are named {run.name!r}; their rows would be one")
+        checkpoints[name] = path
+    split = validation_split(build_corpus(out_dir.parent / "corpora"))
+    say(f"  validation split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+    models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), [256, 512])}
+    models.update({name: (load_checkpoint(path), [512]) for name, path in checkpoints.items()})
+    rows = evaluate_table(models, [split], per_query=True)
+    report(rows, out_dir / "results", stem="validation")
+    row = {(r["model"], r["max_length"]): r for r in rows}
+    reference = next(iter(checkpoints))
+    say(f"\nEach run at 512 tokens against the base at 256 and against {reference} (nDCG@10; the difference, "
+        "and its 95% paired bootstrap interval over queries):")
+    for name in checkpoints:
+        rivals = [row[(BASE_ROW, 256)]] + ([row[(reference, 512)]] if name != reference else [])
+        say(f"  {name}: " + "; ".join(f"against {rival['model']}@{rival['max_length']} {difference_text(row[(name, 512)], rival)[1]}"
+                                       for rival in rivals))
     return 0
 
 
@@ -381,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", nargs=2, default=None, metavar=("NEW", "OLD"),
                         help="instead: each trained row of the results file NEW against the same row of OLD "
                              "(both from --rescore on the same pages), with paired bootstrap intervals")
+    parser.add_argument("--validate", nargs="+", default=None, metavar="RUN",
+                        help="instead: score the trained LMK checkpoint of each finished run folder (runs/demo, "
+                             "runs/ablation-...) on the validation split, against the base and the first run; "
+                             "results go to --out (default runs/validation)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -392,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--steps must be a positive integer, got {args.steps}")
         budget["steps"] = args.steps
     out_dir = Path(args.out or f"runs/{args.budget}").resolve()
+    if args.validate:
+        return validate([Path(path).resolve() for path in args.validate], Path(args.out or "runs/validation").resolve())
     if args.compare:
         return compare_results(*(Path(path) for path in args.compare))
     if args.rescore is not None:

@@ -82,6 +82,30 @@ def test_splits_by_source_and_held_out_modules():
     assert all(corpora.is_held_out_module(name.split(".")[1]) for name in in_domain.documents)
 
 
+def test_validation_split_is_its_own_source_never_trained_nor_tested():
+    corpus = toy_corpus()
+    assert corpora.SOURCES[-1] == corpora.VALIDATION_SOURCE  # last in the dedup order: it never takes a page from another
+    assert corpora.VALIDATION_SOURCE not in corpora.TRAIN_SOURCES + corpora.OUT_OF_DOMAIN_SOURCES
+    split = corpora.validation_split(corpus, max_queries=4)
+    assert split.name == "systems (validation)" and len(split.queries) == 4
+    assert all(name.startswith("systems.") for name in split.documents)
+    train_texts = {i.text for i in training_items(corpus)}
+    test_texts = {text for s in evaluation_splits(corpus, max_queries=50) for text in s.documents.values()}
+    assert not set(split.documents.values()) & (train_texts | test_texts)
+    assert len(corpora.validation_split(corpus).queries) == 15  # by default every class and function page
+    with pytest.raises(ValueError, match="`corpus` holds no 'systems' items"):
+        corpora.validation_split({source: items for source, items in corpus.items() if source != "systems"})
+
+
+def test_every_source_names_installed_distributions():
+    # A root without a distribution would key its cache on "==?" and never see an upgrade.
+    from importlib import metadata
+
+    for source, modules in corpora.SOURCE_MODULES.items():
+        for root in {name.split(".")[0] for name in modules}:
+            assert metadata.version(corpora.DISTRIBUTIONS.get(root, root)), (source, root)
+
+
 def test_eval_split_leaves_out_queries_with_two_right_answers():
     items = [item("scientific", "m", "m.a", "compute the widget norm", "the widget page " * 10),
              item("scientific", "m", "m.b", "unrelated summary here", "contains: compute the widget norm " * 5),

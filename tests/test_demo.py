@@ -47,3 +47,36 @@ def test_compare_refuses_files_it_cannot_pair(tmp_path):
     old.write_text(json.dumps([_row("trained LMK", {"a": 1.0, "z": 1.0})]))
     with pytest.raises(SystemExit, match=r"scored on different queries"):
         demo.main(["--compare", str(new), str(old)])
+
+
+def test_validate_scores_each_run_on_the_validation_split_against_the_base_and_the_first(tmp_path, lmk_checkpoint,
+                                                                                          monkeypatch, capsys):
+    import json
+    import shutil
+
+    from training import corpora
+
+    runs = []
+    for name in ("recipe", "candidate"):  # the same checkpoint twice: the candidate must differ from the first by 0
+        shutil.copytree(lmk_checkpoint, tmp_path / name / "run-lmk" / "final")
+        runs.append(str(tmp_path / name))
+    pages = {"systems": [corpora.DocItem("systems", "m", f"m.f{k}", kind="function", synopsis=f"summary line number {k}",
+                                         text=f"page {k} body " * 30) for k in range(6)]}
+    built = []
+    monkeypatch.setattr(corpora, "build_corpus", lambda cache_dir: built.append(cache_dir) or pages)
+    assert demo.main(["--validate", *runs, "--out", str(tmp_path / "validation")]) == 0
+    assert built == [tmp_path / "corpora"]
+    rows = json.loads((tmp_path / "validation" / "results" / "validation.json").read_text())
+    assert [(r["model"], r["max_length"]) for r in rows] == [
+        (demo.BASE_ROW, 256), (demo.BASE_ROW, 512), ("trained LMK, recipe", 512), ("trained LMK, candidate", 512)]
+    assert {r["split"] for r in rows} == {"systems (validation)"} and all(len(r["per_query"]["ndcg_at_10"]) == 6 for r in rows)
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("  trained LMK, candidate: "))
+    assert "against trained LMK, recipe@512" in line and "+0.0000, 95% CI +0.0000 to +0.0000, within noise" in line
+    assert next(line for line in out.splitlines() if line.startswith("  trained LMK, recipe: ")).count("against") == 1
+
+
+def test_validate_names_a_run_without_a_checkpoint(tmp_path):
+    (tmp_path / "ablation-x" / "run-lmk" / "final").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"--validate: .*ablation-x holds no trained LMK checkpoint"):
+        demo.main(["--validate", str(tmp_path / "ablation-x")])

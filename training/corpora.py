@@ -6,7 +6,9 @@ with that line removed, so the query never occurs verbatim in its positive. Page
 a class page holds every method, and a page can run to tens of thousands of tokens.
 
 Items are grouped into *sources* (families of packages). Training and evaluation are split by
-source, so that an out-of-domain score comes from packages the model never saw:
+source, so that an out-of-domain score comes from packages the model never saw. The validation
+source is neither trained on nor a test: a recipe chosen on it is chosen for out-of-domain quality
+without looking at the test splits.
 
     stdlib       Python's standard library            train, and an in-domain held-out split (by module)
     torch        PyTorch                              train
@@ -15,6 +17,7 @@ source, so that an out-of-domain score comes from packages the model never saw:
     tools        matplotlib, PIL, rich, pydantic, ... train
     scientific   scipy, scikit-learn                  out-of-domain evaluation only
     symbolic     sympy, networkx                      out-of-domain evaluation only
+    systems      ray, pytest, anyio, fontTools, ...   validation only: chooses between recipes
 
 Near-copies are removed: the same object re-exported under several names is kept once, as is a
 docstring shared by several objects, and a query text is kept once. The man pages installed on the
@@ -80,7 +83,7 @@ SOURCE_MODULES: dict[str, tuple[str, ...]] = {
         "PIL.Image", "PIL.ImageDraw", "PIL.ImageFilter", "PIL.ImageOps", "PIL.ImageFont", "pygments", "pygments.lexers",
         "pygments.formatters", "rich", "rich.console", "rich.table", "rich.progress", "rich.text", "rich.panel",
         "click", "typer", "jinja2", "jinja2.environment", "jinja2.filters", "pydantic", "pydantic.fields", "pydantic.main",
-        "requests", "requests.sessions", "requests.models", "requests.adapters", "httpx", "yaml", "dateutil.parser",
+        "requests", "requests.sessions", "requests.models", "requests.adapters", "yaml", "dateutil.parser",
         "dateutil.relativedelta", "dateutil.rrule", "dateutil.tz", "fsspec", "fsspec.spec", "fsspec.implementations.local",
         "polars", "polars.dataframe.frame", "polars.series.series", "polars.expr.expr", "polars.lazyframe.frame",
         "tqdm", "tqdm.auto", "psutil", "filelock", "packaging.version", "packaging.specifiers", "regex", "pyparsing",
@@ -111,6 +114,17 @@ SOURCE_MODULES: dict[str, tuple[str, ...]] = {
         "networkx.algorithms.traversal", "networkx.algorithms.components", "networkx.algorithms.connectivity",
         "networkx.algorithms.coloring", "networkx.algorithms.link_analysis", "networkx.classes",
     ),
+    "systems": (
+        "ray", "ray.data", "ray.data.dataset", "ray.util", "ray.util.queue", "ray.util.actor_pool",
+        "ray.util.placement_group", "ray.train", "ray.tune", "ray.job_submission", "ray.runtime_context", "ray.actor",
+        "ray.exceptions", "pytest", "_pytest.fixtures", "_pytest.python", "_pytest.monkeypatch", "_pytest.capture",
+        "_pytest.config", "_pytest.mark", "_pytest.nodes", "_pytest.tmpdir", "_pytest.logging", "_pytest.recwarn",
+        "_pytest.python_api", "pluggy", "setuptools", "setuptools.dist", "setuptools.command.build_py", "attr",
+        "anyio", "anyio.abc", "anyio.streams.memory", "jsonschema", "jsonschema.validators", "jsonschema.exceptions",
+        "referencing", "fontTools.ttLib", "fontTools.ttLib.ttFont", "fontTools.pens.basePen", "fontTools.subset",
+        "fontTools.varLib", "fontTools.feaLib.parser", "google.protobuf.message", "google.protobuf.json_format",
+        "google.protobuf.descriptor", "google.protobuf.text_format", "msgpack", "einops",
+    ),
 }
 TRAIN_SOURCES = ("stdlib", "torch", "huggingface", "arrays", "tools")
 # Public submodules of the standard library, walked besides every top-level module.
@@ -124,16 +138,20 @@ STDLIB_SUBMODULES = (
     "dbm.dumb", "curses.textpad", "xmlrpc.client", "xmlrpc.server", "unittest.case",
 )
 OUT_OF_DOMAIN_SOURCES = ("scientific", "symbolic")
-SOURCES = TRAIN_SOURCES + OUT_OF_DOMAIN_SOURCES
+VALIDATION_SOURCE = "systems"
+# Also the order of the cross-source dedup: a page shared by two sources stays with the earlier one.
+SOURCES = TRAIN_SOURCES + OUT_OF_DOMAIN_SOURCES + (VALIDATION_SOURCE,)
 # Seconds each source took to render on one core (measured once; sympy's module pages are the longest).
-RENDER_SECONDS = {"symbolic": 52, "huggingface": 31, "tools": 26, "stdlib": 23, "torch": 23, "arrays": 19, "scientific": 19}
+RENDER_SECONDS = {"symbolic": 52, "huggingface": 31, "tools": 26, "stdlib": 23, "torch": 23, "arrays": 19, "scientific": 19,
+                  "systems": 12}
 # The man pages are reserved: never read, neither for training nor for evaluation.
 RESERVED_DIRS = tuple(
     str(Path(d).resolve()) for d in (os.environ.get("MANPATH", "").split(os.pathsep) + ["/usr/share/man", "/usr/local/share/man"]) if d
 )
 # Import names whose distribution is named otherwise.
 DISTRIBUTIONS = {"sklearn": "scikit-learn", "PIL": "pillow", "yaml": "PyYAML", "dateutil": "python-dateutil",
-                 "markdown_it": "markdown-it-py"}
+                 "markdown_it": "markdown-it-py", "_pytest": "pytest", "attr": "attrs", "fontTools": "fonttools",
+                 "google": "protobuf"}
 MIN_SYNOPSIS_WORDS = 3
 MIN_BODY_CHARS = 80  # a page that is little more than its signature teaches nothing
 CORPUS_VERSION = 8  # 8: machine paths replaced before pydoc cuts a long value
@@ -404,3 +422,14 @@ def evaluation_splits(corpus: dict[str, list[DocItem]], max_queries: int = 320, 
         if source in corpus:
             splits.append(_split_from_items(f"{source} (out-of-domain)", corpus[source], max_queries, seed))
     return splits
+
+
+def validation_split(corpus: dict[str, list[DocItem]], max_queries: int = 2000, seed: int = 0) -> RetrievalSplit:
+    """Up to `max_queries` classes and functions of the validation source (every one by default).
+
+    Its packages are neither trained on nor in a test split, so choosing a recipe by its score
+    there chooses for out-of-domain quality without looking at the test splits.
+    """
+    if not corpus.get(VALIDATION_SOURCE):
+        raise ValueError(f"`corpus` holds no {VALIDATION_SOURCE!r} items; build it with `sources` including it.")
+    return _split_from_items(f"{VALIDATION_SOURCE} (validation)", corpus[VALIDATION_SOURCE], max_queries, seed)
