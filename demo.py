@@ -210,8 +210,10 @@ def report(rows: list[dict], folder: Path, stem: str) -> None:
 
     for metric in METRICS:
         say("\n" + format_table(rows, metric))
-    say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
-    for line in verdicts(rows):
+    lines = verdicts(rows)  # none where no row is "trained LMK" (--validate names its rows by run)
+    if lines:
+        say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
+    for line in lines:
         say(line)
     files = save_table(rows, folder, stem=stem)
     say(f"Results: {files['json']} and {files['png']}")
