@@ -9,6 +9,7 @@ written by `record_results`). Re-run it whenever the results change.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import yaml
@@ -193,10 +194,20 @@ def _training_rows(run: dict) -> list[tuple[str, str]]:
     return rows
 
 
+# matplotlib is not thread-safe (pyplot's state, and the mathtext parser that draws the log-axis
+# ticks, are shared), and demo.py writes its cards from two threads at once: one plot at a time.
+_PLOT_LOCK = threading.Lock()
+
+
 def _plot(folder: Path, extrapolation: dict) -> str | None:
     points = extrapolation.get("points") or {}
     if len(points) < 2:
         return None
+    with _PLOT_LOCK:
+        return _plot_unlocked(folder, points, extrapolation)
+
+
+def _plot_unlocked(folder: Path, points: dict, extrapolation: dict) -> str:
     import matplotlib
 
     matplotlib.use("Agg")

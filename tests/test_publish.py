@@ -257,3 +257,19 @@ def test_card_shows_the_base_row_beside_its_own(lmk_copy):
     text = build_card(lmk_copy).text
     assert "| base MiniLM (mean) | scientific (out-of-domain) | ndcg_at_10 | 0.8901 | 256 |" in text
     assert "0.6123" in text  # its own results are kept
+
+
+def test_card_plots_can_be_drawn_from_threads(tmp_path):
+    # demo.py writes two cards at once; unguarded, matplotlib's shared mathtext parser failed on the
+    # log-axis tick labels in every trial of this test.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from model_cards import generator
+
+    extrapolation = {"dataset": "toy", "metric": "ndcg_at_10", "points": {"128": 0.5, "256": 0.6, "512": 0.7}}
+    folders = [tmp_path / str(i) for i in range(8)]
+    for folder in folders:
+        folder.mkdir()
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda folder: generator._plot(folder, extrapolation), folders)) == [generator.PLOT_FILE] * 8
+    assert all((folder / generator.PLOT_FILE).stat().st_size > 1000 for folder in folders)
