@@ -203,27 +203,23 @@ def _plot(folder: Path, extrapolation: dict) -> str | None:
     points = extrapolation.get("points") or {}
     if len(points) < 2:
         return None
-    with _PLOT_LOCK:
-        return _plot_unlocked(folder, points, extrapolation)
-
-
-def _plot_unlocked(folder: Path, points: dict, extrapolation: dict) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     lengths = sorted(int(k) for k in points)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(lengths, [points[str(n)] if str(n) in points else points[n] for n in lengths], marker="o")
-    ax.set_xlabel("max length (tokens)")
-    ax.set_ylabel(extrapolation.get("metric", "ndcg_at_10"))
-    ax.set_xscale("log", base=2)
-    ax.grid(alpha=0.3)
-    ax.set_title(extrapolation.get("dataset", ""), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(folder / PLOT_FILE, dpi=110)
-    plt.close(fig)
+    with _PLOT_LOCK:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot(lengths, [points[str(n)] if str(n) in points else points[n] for n in lengths], marker="o")
+        ax.set_xlabel("max length (tokens)")
+        ax.set_ylabel(extrapolation.get("metric", "ndcg_at_10"))
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.set_title(extrapolation.get("dataset", ""), fontsize=9)
+        fig.tight_layout()
+        fig.savefig(folder / PLOT_FILE, dpi=110)
+        plt.close(fig)
     return PLOT_FILE
 
 
