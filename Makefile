@@ -24,11 +24,11 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) demo.py
+	HF_HUB_OFFLINE=1 $(VENV)/bin/lmk-embed demo
 
 # The same job with the full budget: more steps, every max length (about an hour on 2 cores).
 train-full: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) demo.py --budget full
+	HF_HUB_OFFLINE=1 $(VENV)/bin/lmk-embed demo --budget full
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q

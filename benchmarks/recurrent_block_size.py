@@ -20,11 +20,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from common import save_figure, save_results  # noqa: E402
+from benchmarks.common import save_figure, save_results  # noqa: E402
 
-FIGURE = HERE / "figures" / "recurrent_time_vs_block_size.png"
+FIGURE = HERE.parent / "runs" / "benchmarks" / "recurrent_time_vs_block_size.png"
 
 
 def measure(args) -> dict:

@@ -29,9 +29,7 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from common import save_results  # noqa: E402
+from benchmarks.common import save_results  # noqa: E402
 
 D_MODEL, LAYERS, STATE = 256, 8, 64
 
@@ -45,7 +43,7 @@ def build(block_size: int, chunk_size: int | None = None):
     from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
     from lmk_embed.modeling_recurrent import RecurrentEmbedModel
     from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
-    from training.stdlib_corpus import module_pages
+    from lmk_embed_tools.training.stdlib_corpus import module_pages
 
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)

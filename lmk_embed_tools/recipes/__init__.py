@@ -1,0 +1,1 @@
+"""The sweeps that chose `training.recipe.RECIPE` (CPU and GPU scale); their results go to runs/."""

@@ -1,0 +1,158 @@
+"""The `lmk-embed` command: one argparse tree, flags over the YAML file for `train`, and user errors
+reported in one line with exit status 2 (no traceback)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from lmk_embed_tools import cli
+from tests.helpers import REPO_ROOT
+
+
+def run_cli(*args, **popen):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, *popen.pop("python_flags", []), "-m", "lmk_embed_tools.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=600, **popen)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines the command itself wrote: libraries may log their own warnings on import."""
+    return [line for line in stderr.splitlines() if line.startswith(("lmk-embed", "push:"))]
+
+
+def write_yaml(path, **data):
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# ---- user errors, in a fresh process ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["card", "{tmp}/no-such-checkpoint"], "no-such-checkpoint"),
+        (["convert-lmk", "{tmp}/no/such/encoder", "{tmp}/out"], "no/such/encoder"),
+        (["convert-lmk", "a", "b", "--granularity", "many"], "--granularity"),
+        (["push", "{tmp}/no-such-checkpoint", "our-org/x", "--dry-run"], "no-such-checkpoint"),
+        (["train", "--config", "{tmp}/missing.yaml"], "missing.yaml"),
+        (["train", "--config", "{tmp}/run.yaml", "--lora_rank", "4"], "--lora_rank"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(tmp_path, args, named):
+    write_yaml(tmp_path / "run.yaml", model="m", output_dir=str(tmp_path / "o"))
+    result = run_cli(*(arg.format(tmp=tmp_path) for arg in args))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not [line for line in result.stderr.splitlines() if line.startswith("usage:")]
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and named in lines[0], result.stderr[-2000:]
+
+
+def test_bad_yaml_field_is_one_line_and_the_file_is_closed(tmp_path):
+    """An unknown field in the file is named; the config file is never left open (ResourceWarning)."""
+    config = write_yaml(tmp_path / "run.yaml", model="m", output_dir=str(tmp_path / "o"), lora_rank=4)
+    result = run_cli("train", "--config", config, python_flags=["-W", "always::ResourceWarning"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "unknown field(s) ['lora_rank']" in lines[0]
+    assert not [line for line in result.stderr.splitlines() if "ResourceWarning" in line and str(config) in line]
+
+
+# ---- the tree, in process -----------------------------------------------------------------------
+
+
+def test_every_subcommand_has_its_handler():
+    parser = cli.build_parser()
+    samples = {
+        "convert-lmk": ["src", "out"],
+        "convert-recurrent": ["src", "out"],
+        "train": ["--config", "run.yaml"],
+        "card": ["ckpt"],
+        "push": ["ckpt", "org/name", "--dry-run", "--max-file-mb", "2"],
+    }
+    handlers = set()
+    for command, rest in samples.items():
+        args = parser.parse_args([command, *rest])
+        assert args.command == command and callable(args.handler)
+        handlers.add(args.handler)
+    assert len(handlers) == len(samples)
+    push_args = parser.parse_args(["push", "ckpt", "org/name", "--dry-run", "--max-file-mb", "2"])
+    assert (push_args.checkpoint, push_args.repo_id, push_args.dry_run, push_args.max_file_mb) == ("ckpt", "org/name", True, 2.0)
+
+
+def test_choice_lists_come_from_the_shipped_package():
+    from lmk_embed.configuration_lmk import POOLINGS, SPLITTERS
+    from lmk_embed.configuration_recurrent import SCHEDULES
+
+    parser = cli.build_parser()
+    for value in POOLINGS:
+        assert parser.parse_args(["convert-lmk", "s", "o", "--pooling", value]).pooling == value
+    for value in SPLITTERS:
+        assert parser.parse_args(["convert-lmk", "s", "o", "--splitter", value]).splitter == value
+    for value in SCHEDULES:
+        assert parser.parse_args(["convert-recurrent", "s", "o", "--schedule", value]).schedule == value
+
+
+def test_train_flags_override_the_file_field_by_field(tmp_path):
+    config = write_yaml(tmp_path / "run.yaml", model="m", output_dir="o", max_steps=3, lora_r=8, bf16=True,
+                        granularities=[32, 64])
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--config", str(config), "--max_steps", "9", "--lora-alpha", "4",
+                              "--granularities", "16", "--splitter", "variable"])
+    run = cli.train_config(args)
+    assert (run.max_steps, run.lora_alpha, run.granularities, run.splitter) == (9, 4, [16], "variable")  # flags
+    assert (run.lora_r, run.bf16, run.model) == (8, True, "m")  # the file
+    assert run.learning_rate is None and run.seed == 42  # the dataclass's defaults
+    # A flag equal to the dataclass default still overrides the file.
+    run = cli.train_config(parser.parse_args(["train", "--config", str(config), "--lora_r", "16", "--bf16", "false"]))
+    assert (run.lora_r, run.bf16) == (16, False)
+    # No file: flags alone.
+    run = cli.train_config(parser.parse_args(["train", "--model", "m", "--output_dir", "o", "--bf16"]))
+    assert (run.model, run.output_dir, run.bf16, run.max_steps) == ("m", "o", True, -1)
+
+
+@pytest.mark.parametrize(
+    "data, flags, named",
+    [
+        ({"model": "m", "output_dir": "o", "lora_rank": 4}, [], "unknown field(s) ['lora_rank']"),
+        ({"model": "m", "output_dir": "o", "lora_alpha": -1}, [], "`lora_alpha` must be a positive integer"),
+        ({"model": "m", "output_dir": "o"}, ["--lora_alpha", "0"], "`lora_alpha` must be a positive integer"),
+        ({"output_dir": "o"}, [], "`model` is required"),
+    ],
+)
+def test_train_config_errors_name_the_field(tmp_path, data, flags, named, capsys):
+    config = write_yaml(tmp_path / "run.yaml", **data)
+    assert cli.main(["train", "--config", str(config), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err and err.startswith("lmk-embed train: error:")
+
+
+def test_invalid_yaml_is_a_user_error(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("model: [unclosed\n")
+    assert cli.main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not valid YAML" in err and "run.yaml" in err
+
+
+def test_bad_flags_exit_2_in_one_line(capsys):
+    for argv, named in [(["convert-lmk", "a", "b", "--granularity", "0"], "--granularity"),
+                        (["train", "--max_steps", "x"], "--max_steps"),
+                        (["train", "--finetune", "partial"], "--finetune"),
+                        (["push", "ckpt"], "repo_id"),
+                        ([], "command")]:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and named in err, (argv, err)
+
+
+def test_a_file_given_as_the_source_is_named(tmp_path, capsys):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    assert cli.main(["convert-lmk", str(tmp_path / "weights.bin"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "weights.bin" in err and "is a file" in err

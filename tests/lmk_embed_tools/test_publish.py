@@ -1,0 +1,276 @@
+"""Model cards and push.py: staging with refusals, fresh-code shipping, offline validation, the upload
+calls (against a recording stand-in for HfApi), card snippets that run, metadata round trips."""
+
+import json
+import re
+import shutil
+import types
+
+import pytest
+from huggingface_hub import ModelCard
+
+import lmk_embed
+from lmk_embed_tools import push
+from lmk_embed_tools.model_cards import build_card, check_card, record_results, write_card
+from tests.helpers import run_fresh_python
+
+RESULTS = [{"dataset": "Python stdlib docs (held-out modules)", "dataset_type": "python-stdlib-docs", "split": "test",
+            "metric": "ndcg_at_10", "value": 0.6123, "max_length": 512}]
+EXTRAPOLATION = {"dataset": "Python stdlib docs (held-out modules)", "metric": "ndcg_at_10",
+                 "points": {"128": 0.51, "256": 0.58, "512": 0.61}}
+
+
+@pytest.fixture
+def lmk_copy(lmk_checkpoint, tmp_path):
+    folder = shutil.copytree(lmk_checkpoint, tmp_path / "lmk")
+    record_results(folder, RESULTS, EXTRAPOLATION)
+    write_card(folder, model_id="our-org/tiny-lmk")
+    return folder
+
+
+@pytest.fixture
+def recurrent_copy(mamba2_checkpoint, tmp_path):
+    folder = shutil.copytree(mamba2_checkpoint, tmp_path / "mamba2")
+    write_card(folder, model_id="our-org/tiny-mamba2")
+    return folder
+
+
+class RecordingHfApi:
+    """Stands in for huggingface_hub.HfApi: records every call and keeps the remote's files in `remote`
+    (path -> bytes), applying `upload_folder`'s documented semantics: files matching `delete_patterns`
+    are deleted from the remote unless they are being uploaded in the same commit."""
+
+    def __init__(self, remote=None):
+        self.calls = []
+        self.remote = dict(remote or {})
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def create_branch(self, repo_id, **kwargs):
+        self.calls.append(("create_branch", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        import fnmatch
+        from pathlib import Path
+
+        folder = Path(kwargs["folder_path"])
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        for name in list(self.remote):
+            if name not in files and any(fnmatch.fnmatch(name, pattern) for pattern in kwargs.get("delete_patterns") or []):
+                del self.remote[name]
+        self.remote.update(files)
+        self.calls.append(("upload_folder", kwargs["repo_id"], dict(kwargs, files=sorted(files))))
+        return types.SimpleNamespace(oid="c0ffee" * 6 + "abcd")
+
+    def create_tag(self, repo_id, **kwargs):
+        self.calls.append(("create_tag", repo_id, kwargs))
+
+
+# ---- stage + validate ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["lmk_copy", "recurrent_copy"])
+def test_stage_and_validate(which, request, tmp_path):
+    folder = request.getfixturevalue(which)
+    (folder / "training_args.bin.txt").write_text("not allow-listed")
+    report = push.stage(folder, tmp_path / "staged")
+    assert "README.md" in report.files and "model.safetensors" in report.files and "st_module.py" in report.files
+    assert report.left_out == ["training_args.bin.txt"] and not report.refreshed_code
+    diffs = push.validate(report.folder, folder)
+    assert max(diffs.values()) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "name, content, reason",
+    [
+        ("pytorch_model.bin", b"weights", "pickled weights"),
+        ("extra/optimizer.pt", b"state", "pickled weights"),
+        (".env", b"SECRET=1", "environment files"),
+        ("notes.md", b"token: hf_" + b"a1B2c3D4e5" * 4, "looks like a Hugging Face token"),
+        ("deploy.txt", b"-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n", "private key"),
+        ("big.json", b"0" * (2 * 2**20), "over --max-file-mb=1"),
+    ],
+)
+def test_stage_refusals(lmk_copy, tmp_path, name, content, reason, capsys):
+    (lmk_copy / name).parent.mkdir(parents=True, exist_ok=True)
+    (lmk_copy / name).write_bytes(content)
+    with pytest.raises(push.PushError, match=re.escape(reason)):
+        push.stage(lmk_copy, tmp_path / "staged", max_file_mb=1)
+    assert push.main([str(lmk_copy), "our-org/x", "--max-file-mb", "1", "--stage-dir", str(tmp_path / "s2")]) == 1
+    assert reason in capsys.readouterr().err
+
+
+def test_large_weights_are_fine_and_adapters_are_refused(lmk_copy, tmp_path):
+    weights = (lmk_copy / "model.safetensors").stat().st_size / 2**20
+    assert weights > 1
+    report = push.stage(lmk_copy, tmp_path / "staged", max_file_mb=1)  # weights are exempt from the size limit
+    assert "model.safetensors" in report.files
+    (lmk_copy / "adapter_config.json").write_text("{}")
+    with pytest.raises(push.PushError, match="LoRA adapter"):
+        push.stage(lmk_copy, tmp_path / "staged")
+
+
+def test_stale_shipped_code_is_replaced_by_the_current_source(lmk_copy, tmp_path):
+    stale = lmk_copy / "modeling_lmk.py"
+    stale.write_text(stale.read_text().replace("def masked_mean", "def masked_mean_renamed_long_ago"))
+    (lmk_copy / "encoding.py").unlink()
+    report = push.stage(lmk_copy, tmp_path / "staged")
+    assert set(report.refreshed_code) == {"modeling_lmk.py", "encoding.py"}
+    current = (push.Path(lmk_embed.__file__).parent / "modeling_lmk.py").read_text()
+    assert (report.folder / "modeling_lmk.py").read_text() == current
+    assert max(push.validate(report.folder, lmk_copy).values()) <= 1e-5
+
+
+def test_validation_failure_stops_the_push(lmk_copy, tmp_path):
+    report = push.stage(lmk_copy, tmp_path / "staged")
+    (report.folder / "README.md").write_text("---\nmodel-index: [{results: [{task: 3}]}]\n---\nbroken\n")
+    with pytest.raises(push.PushError, match="validation failed"):
+        push.validate(report.folder, lmk_copy)
+
+
+# ---- dry run and upload -------------------------------------------------------------------------
+
+
+def test_dry_run_uploads_nothing(lmk_copy, tmp_path, capsys):
+    api = RecordingHfApi()
+    code = push.main([str(lmk_copy), "our-org/tiny-lmk", "--dry-run", "--stage-dir", str(tmp_path / "staged")], api=api)
+    out = capsys.readouterr().out
+    assert code == 0 and api.calls == []
+    assert "Dry run: would upload to our-org/tiny-lmk@main" in out
+    size = (tmp_path / "staged" / "model.safetensors").stat().st_size
+    assert re.search(rf"{size:,d}\s+model.safetensors", out)
+
+
+def test_upload_calls(lmk_copy, tmp_path):
+    api = RecordingHfApi()
+    code = push.main([str(lmk_copy), "our-org/tiny-lmk", "--private", "--revision", "v1-branch", "--tag", "v1.0",
+                      "--commit-message", "First release", "--stage-dir", str(tmp_path / "staged")], api=api)
+    assert code == 0
+    names = [call[0] for call in api.calls]
+    assert names == ["create_repo", "create_branch", "upload_folder", "create_tag"]
+    assert api.calls[0] == ("create_repo", "our-org/tiny-lmk", {"repo_type": "model", "private": True, "exist_ok": True})
+    assert api.calls[1][2] == {"branch": "v1-branch", "repo_type": "model", "exist_ok": True}
+    upload = api.calls[2][2]
+    assert upload["repo_id"] == "our-org/tiny-lmk" and upload["revision"] == "v1-branch"
+    assert upload["commit_message"] == "First release" and upload["folder_path"] == str(tmp_path / "staged")
+    assert {"README.md", "model.safetensors", "config.json", "modules.json", "st_module.py", "modeling_lmk.py",
+            "ndcg_vs_max_length.png", "eval_results.json"} <= set(upload["files"])
+    assert not any(name.endswith((".bin", ".pt")) for name in upload["files"])
+    assert upload["delete_patterns"] == ["*"]
+    assert api.calls[3] == ("create_tag", "our-org/tiny-lmk", {"tag": "v1.0", "revision": "v1-branch",
+                                                                "repo_type": "model", "exist_ok": True})
+
+
+def test_second_push_leaves_no_stale_files(lmk_copy, tmp_path):
+    """A remote left with an old single weight file and a stale adapter must mirror the new staged folder."""
+    staged = push.stage(lmk_copy, tmp_path / "staged").folder
+    stale = {"model-00001-of-00002.safetensors": b"old shard", "adapter_config.json": b"{}",
+             "adapter_model.safetensors": b"old adapter", "1_Normalize/config.json": b"{}"}
+    api = RecordingHfApi(remote=stale)
+    push.upload(staged, "our-org/tiny-lmk", api=api)
+    local = {str(p.relative_to(staged)): p.read_bytes() for p in staged.rglob("*") if p.is_file()}
+    assert api.remote == local
+
+
+def test_stage_dir_overlapping_the_checkpoint_is_refused(lmk_copy):
+    """Staging empties its folder first: pointing it at the checkpoint (or a folder holding it) must not delete it."""
+    for stage_dir in (lmk_copy, lmk_copy.parent, lmk_copy / "staged"):
+        with pytest.raises(push.PushError, match="overlaps the checkpoint"):
+            push.stage(lmk_copy, stage_dir)
+    assert (lmk_copy / "model.safetensors").is_file()
+
+
+def test_token_never_comes_from_a_flag():
+    options = {action.dest for action in push.build_parser()._actions}
+    assert not {"token", "hf_token"} & options
+
+
+# ---- cards ------------------------------------------------------------------------------------------
+
+
+def test_card_metadata_round_trip(lmk_copy):
+    card = check_card(lmk_copy / "README.md")
+    data = card.data
+    assert data.library_name == "sentence-transformers" and data.pipeline_tag == "sentence-similarity"
+    assert {"sentence-transformers", "landmark-pooling", "custom_code"} <= set(data.tags)
+    assert data.license == "apache-2.0" and data.language == ["en"]
+    result = data.eval_results[0]
+    assert (result.metric_type, result.metric_value, result.dataset_name) == ("ndcg_at_10", 0.6123, RESULTS[0]["dataset"])
+    assert str(ModelCard.load(lmk_copy / "README.md")) == str(card)
+    headings = re.findall(r"^## (.+)$", card.text, re.M)
+    assert headings == ["Model details", "Usage", "Training", "Evaluation", "Limitations", "Citation"]
+    assert "![nDCG@10 against max length](ndcg_vs_max_length.png)" in card.text
+    assert (lmk_copy / "ndcg_vs_max_length.png").read_bytes()[:4] == b"\x89PNG"
+    assert "arXiv:2601.21525" in card.text and "passkey" in card.text
+    assert "Doshi, Meet and Trivedi, Aashka" in card.text and "Joshi, Sachindra" in card.text
+    assert "others" not in card.text.split("## Citation")[1]
+
+
+def test_recurrent_card(recurrent_copy):
+    card = check_card(recurrent_copy / "README.md")
+    assert "mamba2" in card.data.tags and card.data.eval_results is None
+    assert "arXiv:2604.18199" in card.text and "No evaluation results are recorded" in card.text
+    assert "Grantner, Tobias and Sallinger, Emanuel and Flechl, Martin" in card.text
+
+
+def test_card_refreshes_when_results_change(lmk_copy):
+    record_results(lmk_copy, [dict(RESULTS[0], value=0.7)])
+    write_card(lmk_copy)
+    assert check_card(lmk_copy / "README.md").data.eval_results[0].metric_value == 0.7
+
+
+def test_invalid_metadata_is_rejected(tmp_path):
+    path = tmp_path / "README.md"
+    path.write_text("---\nlibrary_name: transformers\npipeline_tag: fill-mask\nlicense: mit\ntags: [x]\n---\n# x\n")
+    with pytest.raises(ValueError, match="library_name"):
+        check_card(path)
+
+
+def test_card_with_training_run(lmk_copy):
+    from lmk_embed_tools.training import TrainConfig
+
+    TrainConfig(model="x", output_dir="y", finetune="lora", max_steps=150, splitter="variable",
+                granularities=[16, 32]).to_yaml(lmk_copy / "run_config.yaml")
+    text = build_card(lmk_copy).text
+    assert "| Fine-tuning | lora (r=16, alpha=16" in text and "| Steps | 150 |" in text
+    assert "Splitter while training | `variable` over [16, 32]" in text
+
+
+@pytest.mark.parametrize("which", ["lmk_copy", "recurrent_copy"])
+def test_card_snippets_run(which, request, tmp_path):
+    folder = request.getfixturevalue(which)
+    text = (folder / "README.md").read_text()
+    snippets = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(snippets) == 3
+    for snippet in snippets:
+        code = re.sub(r'model_id = ".*?"', f"model_id = {str(folder)!r}", snippet)
+        assert code != snippet
+        report = run_fresh_python(code + '\nimport json\nprint(json.dumps({"ok": True}))\n', cwd=tmp_path,
+                                  env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")})
+        assert report == {"ok": True}
+
+
+def test_card_shows_the_base_row_beside_its_own(lmk_copy):
+    baselines = [{"model": "base MiniLM (mean)", "dataset": "scientific (out-of-domain)", "metric": "ndcg_at_10",
+                  "value": 0.8901, "max_length": 256}]
+    record_results(lmk_copy, baselines=baselines)
+    text = build_card(lmk_copy).text
+    assert "| base MiniLM (mean) | scientific (out-of-domain) | ndcg_at_10 | 0.8901 | 256 |" in text
+    assert "0.6123" in text  # its own results are kept
+
+
+def test_card_plots_can_be_drawn_from_threads(tmp_path):
+    # demo.py writes two cards at once; unguarded, matplotlib's shared mathtext parser failed on the
+    # log-axis tick labels in every trial of this test.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmk_embed_tools.model_cards import generator
+
+    extrapolation = {"dataset": "toy", "metric": "ndcg_at_10", "points": {"128": 0.5, "256": 0.6, "512": 0.7}}
+    folders = [tmp_path / str(i) for i in range(8)]
+    for folder in folders:
+        folder.mkdir()
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda folder: generator._plot(folder, extrapolation), folders)) == [generator.PLOT_FILE] * 8
+    assert all((folder / generator.PLOT_FILE).stat().st_size > 1000 for folder in folders)
