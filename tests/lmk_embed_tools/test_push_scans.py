@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from lmk_embed_tools import push
-from tests.test_publish import RecordingHfApi
+from tests.lmk_embed_tools.test_publish import RecordingHfApi
 
 # Built by concatenation so this file holds nothing that looks like a token.
 FAKE_TOKEN = "hf" + "_" + "Zq7Lw2Xv9Kp4Rt6Ym1Nb8Hc3Jd5Fg0Sa"

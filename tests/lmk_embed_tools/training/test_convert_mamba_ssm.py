@@ -211,7 +211,7 @@ def test_no_lm_head_and_no_pickle_in_the_checkpoint(converted):
 
 
 def test_cli_converts_a_mamba_ssm_folder_and_the_checkpoint_keeps_the_contract(tmp_path, bpe_tokenizer_dir, capsys):
-    from tests.test_packaging import check_contract
+    from tests.lmk_embed.test_packaging import check_contract
 
     variant = VARIANTS["release"]
     source = write_mamba_ssm_folder(

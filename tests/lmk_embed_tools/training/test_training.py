@@ -346,7 +346,7 @@ def test_lora_adapter_round_trip(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
 
 
 def test_merged_checkpoint_passes_the_contract(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
-    from tests.test_packaging import check_contract
+    from tests.lmk_embed.test_packaging import check_contract
 
     from lmk_embed import LMKModel
 
