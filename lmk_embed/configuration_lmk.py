@@ -9,6 +9,11 @@ POOLINGS = ("lmk", "cls", "mean", "mean@k", "multi_cls", "latent_attention")
 CHUNK_ALIGNED_POOLINGS = ("lmk", "mean@k")  # pool one position per chunk: landmark vectors + spans exist
 SPLITTERS = ("fixed", "variable", "sentence")
 DEFAULT_GRANULARITIES = (32, 64, 128, 256)
+# Position extension past the backbone's table (LongEmbed, Zhu et al. 2024). The first three are for
+# absolute position tables; `dynamic` is the backbone's own dynamic NTK rope scaling (rotary backbones).
+ABSOLUTE_POSITION_EXTENSIONS = ("interpolate", "recurrent", "group")
+ROTARY_POSITION_EXTENSIONS = ("dynamic",)
+POSITION_EXTENSIONS = ABSOLUTE_POSITION_EXTENSIONS + ROTARY_POSITION_EXTENSIONS
 
 
 class LMKConfig(PretrainedConfig):
@@ -25,6 +30,11 @@ class LMKConfig(PretrainedConfig):
     num_latents, latent_heads: the latent-attention pooler (NV-Embed: 512 latents; 64 is lighter).
     query_prompt, document_prompt: prepended by `encode_query` / `encode_document`.
     base_model: the Hub id the backbone came from, when known (for model cards).
+    position_extension: None, or how the backbone reads past its original positions:
+        `{"method": interpolate|recurrent|group|dynamic, "original_positions": Lo, "max_positions": N}`,
+        plus for absolute tables `"first_row"` (where the N extended rows start in the backbone's
+        table, after the original rows) and `"position_offset"` (rows reserved before position 0,
+        RoBERTa's padding offset). Inputs of at most Lo tokens read the original rows, unchanged.
     """
 
     model_type = "lmk_embedder"
@@ -44,6 +54,7 @@ class LMKConfig(PretrainedConfig):
     query_prompt: str = ""
     document_prompt: str = ""
     base_model: str | None = None
+    position_extension: dict | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -60,8 +71,31 @@ class LMKConfig(PretrainedConfig):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{name}` must hold positive integers, got {value!r}.")
         self.granularities = [int(g) for g in self.granularities]
+        self.check_position_extension()
         if self.max_length is not None and self.max_length < 3:
             raise ValueError(f"`max_length` must be at least 3 ([CLS], one token, a landmark), got {self.max_length}.")
+
+    def check_position_extension(self) -> None:
+        extension = self.position_extension
+        if extension is None:
+            return
+        if not isinstance(extension, dict):
+            raise ValueError(f"`position_extension` must be a dict or None, got {type(extension).__name__}.")
+        method = extension.get("method")
+        if method not in POSITION_EXTENSIONS:
+            raise ValueError(f"`position_extension.method` {method!r} is not one of {list(POSITION_EXTENSIONS)}.")
+        needed = ["original_positions", "max_positions"]
+        if method in ABSOLUTE_POSITION_EXTENSIONS:
+            needed += ["first_row", "position_offset"]
+        for key in needed:
+            value = extension.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`position_extension.{key}` must be a non-negative integer, got {value!r}.")
+        if extension["max_positions"] <= extension["original_positions"]:
+            raise ValueError(
+                f"`position_extension.max_positions`={extension['max_positions']} must exceed "
+                f"`original_positions`={extension['original_positions']}."
+            )
 
     @property
     def embedding_dim(self) -> int:

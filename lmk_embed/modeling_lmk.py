@@ -8,6 +8,11 @@ token layout the tokenizer builds and in the pooler module:
     cls                      the [CLS] state
     mean                     mean over `attention_mask`
     latent_attention         NV-Embed: tokens cross-attend to trainable latents, MLP, then mean
+
+Past the backbone's positions (`config.position_extension`): an absolute table gains N extended rows
+after its original ones (`extended_position_table`), and `extended_position_ids` sends each input to
+the original rows when it fits them, else to the extended rows. Rotary backbones use their own
+dynamic NTK rope scaling, which leaves inputs within the original length untouched.
 """
 
 from __future__ import annotations
@@ -23,8 +28,50 @@ from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, SPLITTERS, LMKConfig
 from .encoding import EncoderMixin, check_choice, check_positive_int
 from .tokenization_lmk import LMKTokenizer
 
-# Backbones whose position ids start after the padding index (RoBERTa family).
-_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
+
+
+def extended_position_table(original: torch.Tensor, method: str, max_positions: int) -> torch.Tensor:
+    """The N = `max_positions` extended rows [N, D], made from the Lo usable original rows `original` [Lo, D]:
+
+        interpolate   row j = the original table read at j * (Lo - 1) / (N - 1), linearly interpolated
+        group         row j = original[j * Lo // N]
+        recurrent     row j = original[j % Lo]
+    """
+    num_original, rows = original.shape[0], torch.arange(max_positions)
+    if method == "recurrent":
+        return original[rows % num_original].clone()
+    if method == "group":
+        return original[rows * num_original // max_positions].clone()
+    if method != "interpolate":
+        raise ValueError(f"Unknown position extension {method!r} for an absolute position table.")
+    where = rows.double() * (num_original - 1) / (max_positions - 1)
+    left = where.floor().long().clamp(max=num_original - 1)
+    right = (left + 1).clamp(max=num_original - 1)
+    weight = (where - left).to(original.dtype).unsqueeze(-1)
+    return original[left] * (1 - weight) + original[right] * weight
+
+
+def extended_position_ids(attention_mask: torch.Tensor, extension: dict) -> torch.Tensor:
+    """Position ids [B, T] for right-padded rows (`attention_mask` [B, T]) on an extended table.
+
+    A row of L <= Lo tokens reads the original rows (`position_offset + p`): it is the base model,
+    exactly. A longer row reads the extended rows, which start at `first_row`:
+
+        recurrent            first_row + p: one row per position
+        interpolate, group   first_row + round(p (N - 1) / (L - 1)): the input spans the whole table,
+                             so the scale follows its length (PI / GP with s = L / Lo), and a
+                             513-token input reads almost the same vectors as a 512-token one
+    """
+    lengths = attention_mask.sum(-1, keepdim=True)
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device).unsqueeze(0)
+    first, original, maximum = extension["first_row"], extension["original_positions"], extension["max_positions"]
+    if extension["method"] == "recurrent":
+        extended = first + positions
+    else:
+        scale = (maximum - 1) / (lengths - 1).clamp(min=1).double()
+        extended = first + torch.round(positions * scale).long()
+    ids = torch.where(lengths <= original, extension["position_offset"] + positions, extended)
+    return ids.clamp(max=first + maximum - 1)  # padding columns past a row's end
 
 
 def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -167,6 +214,9 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             attention_mask = torch.ones(reference.shape[:2], dtype=torch.long, device=reference.device)
         if landmark_mask is None and isinstance(self.pooler, LandmarkPooling):
             raise ValueError(f"`landmark_mask` is required for pooling={self.config.pooling!r}; use LMKTokenizer.")
+        extension = self.config.position_extension
+        if extension is not None and "first_row" in extension and kwargs.get("position_ids") is None:
+            kwargs["position_ids"] = extended_position_ids(attention_mask, extension)
         hidden_states = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
         ).last_hidden_state
@@ -175,17 +225,18 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
 
     # ---- inputs -------------------------------------------------------------------------------
 
+    def max_positions(self) -> int | None:
+        """The one position limit: `position_extension.max_positions` when the backbone was
+        extended, else the backbone's own table (less a padding offset); None for no hard limit."""
+        if self.config.position_extension is not None:
+            return int(self.config.position_extension["max_positions"])
+        return super().max_positions()
+
     def default_max_length(self) -> int | None:
-        """config.max_length, else the smaller of the tokenizer's and the backbone's position limit."""
+        """config.max_length, else the smaller of the tokenizer's limit and `max_positions()`."""
         if self.config.max_length is not None:
             return int(self.config.max_length)
-        backbone = self.config.backbone_config
-        limits = [self.tokenizer.default_max_length()]
-        positions = getattr(backbone, "max_position_embeddings", None)
-        if positions is not None:
-            offset = (backbone.pad_token_id or 0) + 1 if backbone.model_type in _PADDING_OFFSET_POSITIONS else 0
-            limits.append(int(positions) - offset)
-        limits = [limit for limit in limits if limit is not None]
+        limits = [limit for limit in (self.tokenizer.default_max_length(), self.max_positions()) if limit is not None]
         return min(limits) if limits else None
 
     def _tokenize(self, texts, *, prompt=None, granularity=None, splitter=None, max_length=None, training=False,

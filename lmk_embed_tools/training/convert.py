@@ -120,18 +120,30 @@ def convert_to_lmk(
     max_length: int | None = None,
     seed: int = 0,
     base_model: str | None = None,
+    max_positions: int | None = None,
+    position_extension: str | None = None,
 ) -> Path:
     """Turn an encoder checkpoint (local folder, or a Hub id where the Hub is reachable) into an LMK checkpoint.
 
     `base_model` is the Hub id recorded for model cards; by default `source` when it is not a local folder.
+    `max_positions` N extends the backbone past its positions with `position_extension` (see
+    `plan_position_extension`); inputs that fit the original positions keep the base's vectors.
     """
     from lmk_embed.configuration_lmk import LMKConfig
     from lmk_embed.modeling_lmk import LMKModel
     from lmk_embed.tokenization_lmk import LMKTokenizer
 
     backbone = load_source_backbone(source)
+    backbone_config = backbone_config_dict(backbone)
+    state = backbone.state_dict()
+    extension = None
+    if max_positions is not None or position_extension is not None:
+        if max_positions is None:
+            raise ConversionError("`position_extension` needs `max_positions`, the new position limit N.")
+        extension = plan_position_extension(backbone, backbone_config, state, max_positions, position_extension)
     config = LMKConfig(
-        backbone_config=backbone_config_dict(backbone),
+        backbone_config=backbone_config,
+        position_extension=extension,
         base_model=base_model if base_model is not None else hub_id_or_none(source),
         pooling=pooling,
         granularity=granularity,
@@ -144,11 +156,93 @@ def convert_to_lmk(
     )
     torch.manual_seed(seed)  # the latent-attention pooler is the only new weight
     model = LMKModel(config)
-    check_position_limit("max_length", max_length, model.max_positions())
-    copy_backbone_weights(model.backbone, backbone)
+    try:
+        check_position_limit("max_length", max_length, model.max_positions())
+    except ValueError as error:
+        hint = "" if extension else " To read longer inputs, extend the backbone with `--max-positions N`."
+        raise ConversionError(f"{error}{hint}") from None
+    copy_backbone_weights(model.backbone, _StateHolder(state))
     tokenizer = LMKTokenizer.from_pretrained(str(source), **config.tokenizer_options())
-    _ = tokenizer.landmark_token_id  # fails here, clearly, for a tokenizer with neither SEP nor EOS
+    try:
+        _ = tokenizer.landmark_token_id  # fails here, clearly, for a tokenizer with neither SEP nor EOS
+    except ValueError as error:
+        raise ConversionError(f"`source` {str(source)!r}: {error}") from None
+    if extension is not None:
+        tokenizer.model_max_length = extension["max_positions"]
     return save_checkpoint(model, tokenizer, output_dir)
+
+
+class _StateHolder:
+    """A state dict (possibly edited) with the `state_dict()` that `copy_backbone_weights` reads."""
+
+    def __init__(self, state: dict):
+        self._state = state
+
+    def state_dict(self) -> dict:
+        return self._state
+
+
+def _absolute_position_table(backbone) -> tuple[str, torch.nn.Embedding] | None:
+    for name, module in backbone.named_modules():
+        if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, torch.nn.Embedding):
+            return name, module
+    return None
+
+
+def plan_position_extension(backbone, backbone_config: dict, state: dict, max_positions: int, method: str | None) -> dict:
+    """Extend the backbone to `max_positions` N: edits `backbone_config` and `state` in place and
+    returns the `position_extension` entry of the LMK config.
+
+    Absolute tables (BERT, RoBERTa with its padding offset, ...) gain N rows after their original
+    rows (`interpolate` by default, `recurrent` or `group`); rotary backbones get their own dynamic
+    NTK rope scaling (`dynamic`). Anything else is refused with the reason.
+    """
+    from lmk_embed.configuration_lmk import ABSOLUTE_POSITION_EXTENSIONS, ROTARY_POSITION_EXTENSIONS
+    from lmk_embed.modeling_lmk import extended_position_table
+
+    table = _absolute_position_table(backbone)
+    kind = backbone_config.get("model_type")
+    if table is not None:
+        name, module = table
+        method = method or "interpolate"
+        if method not in ABSOLUTE_POSITION_EXTENSIONS:
+            raise ConversionError(
+                f"`position_extension` {method!r} is for rotary backbones; {kind!r} has an absolute position "
+                f"table: use one of {list(ABSOLUTE_POSITION_EXTENSIONS)}."
+            )
+        offset = module.padding_idx + 1 if module.padding_idx is not None else 0
+        rows = int(module.num_embeddings)
+        original = rows - offset
+        if max_positions <= original:
+            raise ConversionError(f"`max_positions`={max_positions} must exceed the backbone's {original} positions.")
+        weight = state[f"{name}.weight"]
+        extended = extended_position_table(weight[offset:], method, max_positions)
+        state[f"{name}.weight"] = torch.cat([weight, extended.to(weight.dtype)])
+        backbone_config["max_position_embeddings"] = rows + max_positions
+        return {"method": method, "original_positions": original, "max_positions": int(max_positions),
+                "first_row": rows, "position_offset": offset}
+    rope = backbone_config.get("rope_parameters")
+    if isinstance(rope, dict) and rope and backbone_config.get("max_position_embeddings"):
+        method = method or "dynamic"
+        if method not in ROTARY_POSITION_EXTENSIONS:
+            raise ConversionError(
+                f"`position_extension` {method!r} needs an absolute position table; {kind!r} is rotary: "
+                f"use {list(ROTARY_POSITION_EXTENSIONS)} (the backbone's own dynamic NTK rope scaling)."
+            )
+        original = int(backbone_config["max_position_embeddings"])
+        if max_positions <= original:
+            raise ConversionError(f"`max_positions`={max_positions} must exceed the backbone's {original} positions.")
+        # One rope dict, or one per attention type (ModernBERT: full and sliding attention).
+        nested = all(isinstance(value, dict) for value in rope.values())
+        factor = max_positions / original
+        scaled = lambda params: {**params, "rope_type": "dynamic", "factor": factor}  # noqa: E731
+        backbone_config["rope_parameters"] = ({key: scaled(value) for key, value in rope.items()} if nested
+                                              else scaled(rope))
+        return {"method": method, "original_positions": original, "max_positions": int(max_positions)}
+    raise ConversionError(
+        f"`max_positions`: the {kind!r} backbone has neither an absolute position table nor rotary "
+        "positions, so there is nothing to extend."
+    )
 
 
 def convert_to_recurrent(
