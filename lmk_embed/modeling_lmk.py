@@ -17,6 +17,7 @@ dynamic NTK rope scaling, which leaves inputs within the original length untouch
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -196,6 +197,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         self.pooler = POOLERS[config.pooling](config)
         self._tokenizer = None
         self._batch_granularity = None
+        self._granularity_draws = random.Random(config.splitter_seed)  # the `variable` splitter's g per batch
         self.post_init()
 
     # ---- forward ------------------------------------------------------------------------------
@@ -253,6 +255,9 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
                 granularity = self.config.granularity
             elif self._batch_granularity is not None:  # drawn once for the whole batch
                 granularity = self._batch_granularity
+            else:  # training, before any draw: one g now
+                granularity = self._granularity_draws.choice(self.config.granularities)
+        # Every option comes from the config (or the call): the tokenizer's own defaults are not read.
         return self.tokenizer.build_layout(
             texts,
             pooling=pooling,
@@ -261,11 +266,14 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             max_length=self.default_max_length() if max_length is None else max_length,
             prompt=prompt,
             with_spans=with_spans,
+            landmark=self.config.landmark_token,
         )
 
     def draw_batch_granularity(self) -> int | None:
-        """Training with the `variable` splitter: draw g once for the next batch (queries and passages)."""
-        self._batch_granularity = self.tokenizer.draw_granularity() if self.config.splitter == "variable" else None
+        """Training with the `variable` splitter: draw g once for the next batch (queries and passages),
+        from `config.granularities` with a generator seeded by `config.splitter_seed`."""
+        variable = self.config.splitter == "variable"
+        self._batch_granularity = self._granularity_draws.choice(self.config.granularities) if variable else None
         return self._batch_granularity
 
     def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool | None = None, **options):
@@ -336,7 +344,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
                 f"`output_value='landmarks'` needs chunk-aligned pooling (lmk, mean@k), not {self.config.pooling!r}."
             )
         if self.config.pooling == "lmk":
-            _ = self.tokenizer.landmark_token_id  # raises a clear error for a tokenizer without SEP/EOS
+            _ = self.tokenizer.landmark_id(self.config.landmark_token)  # a clear error without SEP/EOS
         return {
             "prompt": prompt,
             "output_value": output_value,

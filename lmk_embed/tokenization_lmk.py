@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 import re
+import weakref
 from dataclasses import dataclass
 from itertools import chain
 
@@ -235,6 +236,10 @@ def _pooling_mask(tokens: _Tokens, rows: _Rows, pooling: str, has_start: int) ->
     return landmark_mask
 
 
+# The standalone tokenizer's `variable` draws, one generator per tokenizer, kept outside its attributes.
+_DRAWS: "weakref.WeakKeyDictionary[LMKTokenizer, random.Random]" = weakref.WeakKeyDictionary()
+
+
 class LMKTokenizer(PreTrainedTokenizerFast):
     """A fast tokenizer whose call returns the landmark layout.
 
@@ -272,7 +277,11 @@ class LMKTokenizer(PreTrainedTokenizerFast):
     @property
     def landmark_token_id(self) -> int:
         """The landmark: SEP, or EOS when the tokenizer has no SEP (`lmk_landmark` overrides)."""
-        choice = self._landmark_option()
+        return self.landmark_id()
+
+    def landmark_id(self, choice: str | None = None) -> int:
+        """The id of landmark `choice` ("sep": SEP, else EOS; "eos"; or a literal token); None: `lmk_landmark`."""
+        choice = self._landmark_option() if choice is None else choice
         if choice == "sep":
             token_id = self.sep_token_id if self.sep_token_id is not None else self.eos_token_id
         elif choice == "eos":
@@ -313,10 +322,11 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         return int(limit) if limit is not None and limit < NO_LIMIT else None
 
     def draw_granularity(self) -> int:
-        """One g from `lmk_granularities`, from a generator seeded with `lmk_seed` (reproducible)."""
-        rng = self.__dict__.get("_lmk_rng")
+        """One g from `lmk_granularities`, from a generator seeded with `lmk_seed` (reproducible; for
+        the tokenizer used on its own: `LMKModel` draws from its config's set with its own generator)."""
+        rng = _DRAWS.get(self)
         if rng is None:
-            rng = self.__dict__["_lmk_rng"] = random.Random(int(self._option("lmk_seed", 0)))
+            rng = _DRAWS[self] = random.Random(int(self._option("lmk_seed", 0)))
         return rng.choice(self.lmk_granularities)
 
     # ---- the public call ---------------------------------------------------------------------
@@ -390,17 +400,20 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         max_length: int | None = None,
         prompt: str | None = None,
         with_spans: bool = False,
+        landmark: str | None = None,
     ) -> LandmarkBatch:
         """Build the padded landmark layout for `texts` (see the module docstring) in four steps:
         `_segment` (chunks), `_truncate` (to `max_length`, markers included), `_assemble` (ids and
-        attention mask, [texts, width]) and `_pooling_mask` (the positions `pooling` averages)."""
+        attention mask, [texts, width]) and `_pooling_mask` (the positions `pooling` averages).
+        Options left None fall back to the tokenizer's own defaults (tokenizer_config.json);
+        `LMKModel` passes every one from its config."""
         pooling = check_choice("pooling", self.lmk_pooling if pooling is None else pooling, POOLINGS)
         g, splitter = self.resolve_granularity(granularity, splitter)
         self.check_max_length(max_length)
         if with_spans and pooling not in CHUNK_ALIGNED_POOLINGS:
             raise ValueError(f"Landmark spans exist only for chunk-aligned poolings (lmk, mean@k), not {pooling!r}.")
         layout = {"lmk": "landmark", "multi_cls": "multi_cls"}.get(pooling, "plain")
-        marker_id = self.landmark_token_id if layout == "landmark" else self.start_token_id
+        marker_id = self.landmark_id(landmark) if layout == "landmark" else self.start_token_id
         end_id = self.end_token_id
         start_id = self.start_token_id
         if layout == "multi_cls" and (start_id is None or end_id is None):

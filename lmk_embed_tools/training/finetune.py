@@ -215,8 +215,7 @@ def apply_overrides(embedder, config: TrainConfig, family: str) -> None:
         for name in lmk_fields:
             if getattr(config, name) is not None:
                 setattr(model_config, name, getattr(config, name))
-        model_config.check()
-        embedder.tokenizer.init_kwargs.update(model_config.tokenizer_options())
+        model_config.check()  # the model reads these from its config; the saved tokenizer mirrors them
     else:
         for name in recurrent_fields:
             if getattr(config, name) is not None:
