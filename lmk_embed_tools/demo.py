@@ -38,9 +38,12 @@ METRICS = ("ndcg_at_10", "recall_at_1")
 # The two budgets. `demo` fits 20 minutes on 2 CPU cores with set-up; `full` fits an hour.
 BUDGETS = {
     "demo": {"steps": 150, "queries": 310, "in_domain_queries": 200, "trained_lengths": [512], "base_lengths": [256, 512],
-             "untrained_lengths": [512]},
+             "untrained_lengths": [512],
+             "long": {"sources": ["scientific"], "lengths": [512, 1024, 2048], "queries": 30, "documents": 60}},
     "full": {"steps": 600, "queries": 320, "in_domain_queries": 320, "trained_lengths": [128, 256, 512],
-             "base_lengths": [128, 256, 512], "untrained_lengths": [128, 256, 512]},
+             "base_lengths": [128, 256, 512], "untrained_lengths": [128, 256, 512],
+             "long": {"sources": ["scientific", "symbolic"], "lengths": [256, 512, 1024, 2048, 4096], "queries": 50,
+                      "documents": 100}},
 }
 
 
@@ -105,10 +108,12 @@ def build_data(out_dir: Path, budget: dict, recipe: dict, with_validation: bool 
 def convert_bases(out_dir: Path, recipe: dict) -> dict[str, Path]:
     from lmk_embed_tools.training.convert import convert_to_lmk
 
+    extension = {"max_positions": recipe.get("max_positions"), "position_extension": recipe.get("position_extension")}
     return {
         "lmk": convert_to_lmk(minilm_path(), out_dir / "minilm-lmk", pooling="lmk", splitter=recipe["splitter"],
-                              granularity=recipe["granularity"], granularities=recipe["granularities"], base_model=BASE_MODEL),
-        "cls": convert_to_lmk(minilm_path(), out_dir / "minilm-cls", pooling="cls", base_model=BASE_MODEL),
+                              granularity=recipe["granularity"], granularities=recipe["granularities"], base_model=BASE_MODEL,
+                              **extension),
+        "cls": convert_to_lmk(minilm_path(), out_dir / "minilm-cls", pooling="cls", base_model=BASE_MODEL, **extension),
     }
 
 
@@ -137,6 +142,42 @@ def finetune_side_by_side(bases: dict[str, Path], train_file: Path, out_dir: Pat
 
 
 # ---- 4. evaluation ----------------------------------------------------------------------------------
+
+
+def evaluate_lengths(trained: dict[str, Path], out_dir: Path, budget: dict) -> list[dict]:
+    """The length table: base (at its 512 limit), trained LMK and CLS on the extended backbone, and
+    BM25, on the deep-evidence splits (a method's summary as the query for its class page, the line
+    600-3800 tokens deep), at every length of the budget."""
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed_tools.evaluation.longcontext import evaluate_jobs
+    from lmk_embed_tools.evaluation.report import write_report
+    from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever
+    from lmk_embed_tools.evaluation.synthetic import token_counter
+    from lmk_embed_tools.evaluation.table import format_length_table
+    from lmk_embed_tools.training.corpora import build_corpus, deep_evidence_split
+
+    long = budget["long"]
+    base = SentenceTransformer(minilm_path(), device="cpu")
+    base.max_seq_length = 512
+    count_tokens = token_counter(base.tokenizer)
+    corpus = build_corpus(out_dir.parent / "corpora", sources=tuple(long["sources"]))
+    jobs = []
+    for source in long["sources"]:
+        split = deep_evidence_split(corpus, source, count_tokens, max_queries=long["queries"],
+                                    max_documents=long["documents"])
+        say(f"  {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
+        jobs += [(split.name, length, split) for length in long["lengths"]]
+    retrievers = [DenseRetriever(base, BASE_ROW, progress=False)]
+    retrievers += [DenseRetriever(load_checkpoint(path), f"trained {name.upper()}", progress=False)
+                   for name, path in trained.items()]
+    retrievers.append(BM25Retriever())
+    # The cache lets the base's rows past its 512 limit reuse its 512-token vectors.
+    rows = evaluate_jobs(retrievers, jobs, cache_dir=out_dir / "cache", progress=False)
+    say(format_length_table(rows, "ndcg_at_10"))
+    write_report(rows, out_dir / "results" / "lengths", {"budget": long})
+    return rows
+
 
 
 def load_checkpoint(path: Path):
@@ -473,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = evaluate_all(untrained, trained, splits, budget)
     report(rows, out_dir / "results", stem="results")
     lap("evaluation")
+
+    say(f"\n4b. Past 512 tokens: the length table ({budget['long']['queries']} queries, "
+        f"{budget['long']['documents']} documents per split) ...")
+    evaluate_lengths(trained, out_dir, budget)
+    lap("length table")
 
     say("\n5. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
     for name, path in trained.items():

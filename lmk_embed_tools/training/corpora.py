@@ -433,3 +433,49 @@ def validation_split(corpus: dict[str, list[DocItem]], max_queries: int = 2000, 
     if not corpus.get(VALIDATION_SOURCE):
         raise ValueError(f"`corpus` holds no {VALIDATION_SOURCE!r} items; build it with `sources` including it.")
     return _split_from_items(f"{VALIDATION_SOURCE} (validation)", corpus[VALIDATION_SOURCE], max_queries, seed)
+
+
+def deep_evidence_split(corpus: dict[str, list[DocItem]], source: str, count_tokens, min_depth: int = 600,
+                        max_depth: int = 3800, max_queries: int = 50, max_documents: int = 100,
+                        seed: int = 0) -> RetrievalSplit:
+    """A long-document split whose evidence lies past the first 512 tokens of its page.
+
+    The query is a method's summary line; its document is the page of the class that holds the
+    method, with that line removed, where the line sat `min_depth` to `max_depth` tokens deep
+    (`count_tokens(texts) -> [n_tokens]`). One query per class page; other long class pages of the source
+    (over `min_depth` tokens) fill the candidates up to `max_documents`; pages whose query was left
+    out (found verbatim elsewhere, or past `max_queries`) stay as candidates. A model that reads only the
+    first 512 tokens sees the page's topic but never the method.
+    """
+    import random
+
+    items = corpus.get(source) or []
+    classes = {item.name: item for item in items if item.kind == "class"}
+    methods = [item for item in items if item.kind == "method" and item.name.rsplit(".", 1)[0] in classes]
+    rng = random.Random(seed)
+    rng.shuffle(methods)
+    queries, relevant, documents, depths = {}, {}, {}, {}
+    for method in methods:
+        page_name = method.name.rsplit(".", 1)[0]
+        page = classes[page_name].text
+        where = page.find(method.synopsis)
+        if page_name in documents or where < 0 or len(documents) >= max_documents:
+            continue
+        depth = count_tokens([page[:where]])[0]
+        if not min_depth <= depth <= max_depth:
+            continue
+        documents[page_name] = page.replace(method.synopsis, " ")
+        queries[method.name], relevant[method.name], depths[method.name] = method.synopsis, {page_name: 1}, depth
+    distractors = sorted(set(classes) - set(documents))
+    rng.shuffle(distractors)
+    for name in distractors:
+        if len(documents) >= max_documents:
+            break
+        if count_tokens([classes[name].text])[0] > min_depth:
+            documents[name] = classes[name].text
+    for query_id in list(queries):  # a query found verbatim in another page has two right answers
+        if any(queries[query_id] in text for doc_id, text in documents.items() if doc_id not in relevant[query_id]):
+            del queries[query_id], relevant[query_id], depths[query_id]
+    for query_id in list(queries)[max_queries:]:  # their pages stay, as candidates
+        del queries[query_id], relevant[query_id], depths[query_id]
+    return RetrievalSplit(f"{source} deep evidence", queries, documents, relevant)

@@ -130,10 +130,15 @@ RECIPE = {
     "splitter": "variable",
     "granularity": 32,
     "granularities": [32, 64, 128, 256],
+    # The bases are extended to 4096 positions (interpolated rows after the original 512): inputs
+    # of at most 512 tokens are the unextended model exactly, so training at 512 is unchanged.
+    "max_positions": 4096,
+    "position_extension": "interpolate",
 }
+CONVERSION_KEYS = ("splitter", "granularity", "granularities", "max_positions", "position_extension")
 
 
 def training_fields(recipe: dict) -> dict:
     """The recipe's `TrainConfig` fields: its LMK layout keys go to the conversion instead, and the
     teacher's max length to the rows (`add_teacher_embeddings`)."""
-    return {k: v for k, v in recipe.items() if k not in ("splitter", "granularity", "granularities", "teacher_max_length")}
+    return {k: v for k, v in recipe.items() if k not in (*CONVERSION_KEYS, "teacher_max_length")}
