@@ -82,6 +82,17 @@ def check_position_limit(name: str, max_length, limit: int | None) -> None:
         )
 
 
+def position_table_limit(backbone: torch.nn.Module) -> int | None:
+    """The most tokens `backbone` can read: the size of its absolute position table, less the rows
+    a padding offset reserves (RoBERTa-style). None when there is no such table (rotary or
+    recurrent backbones), so no hard limit. The one place a position limit is computed from weights."""
+    for name, module in backbone.named_modules():
+        if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, torch.nn.Embedding):
+            reserved = module.padding_idx + 1 if module.padding_idx is not None else 0
+            return int(module.num_embeddings) - reserved
+    return None
+
+
 def check_choice(name: str, value, choices) -> str:
     """Return `value` if it is one of `choices`, or raise naming the argument."""
     if value not in choices:
@@ -260,15 +271,29 @@ class EncoderMixin:
     def tokenizer(self, tokenizer) -> None:
         self._tokenizer = tokenizer
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`, and the tokenizer beside the weights: `encode()` needs it,
+        so the saved folder loads and encodes on its own. The tokenizer is the one this model holds,
+        else the one it was loaded with (read now, from there; a warning says so when that fails).
+        A model built from a config alone has neither: it saves without one."""
+        saved = super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True):
+            return saved
+        tokenizer = getattr(self, "_tokenizer", None)
+        if tokenizer is None and self.name_or_path:
+            try:
+                tokenizer = self.tokenizer
+            except (OSError, ValueError) as error:
+                warnings.warn(f"save_pretrained: no tokenizer saved in {save_directory} (it could not be loaded from "
+                              f"{self.name_or_path!r}: {error}); `encode()` of the saved model needs one: set "
+                              "`model.tokenizer` to this model's tokenizer and save again.", stacklevel=2)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(save_directory)
+        return saved
+
     def max_positions(self) -> int | None:
-        """The most tokens one sequence may hold: the size of the backbone's absolute position
-        table, less the positions a padding offset reserves (RoBERTa-style). None when there is
-        no such table (rotary or recurrent backbones), so no hard limit."""
-        for name, module in self.backbone.named_modules():
-            if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(module, torch.nn.Embedding):
-                reserved = module.padding_idx + 1 if module.padding_idx is not None else 0
-                return int(module.num_embeddings) - reserved
-        return None
+        """The most tokens one sequence may hold (`position_table_limit` of the backbone)."""
+        return position_table_limit(self.backbone)
 
     def get_input_embeddings(self):
         return self.backbone.get_input_embeddings()

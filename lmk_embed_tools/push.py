@@ -12,9 +12,15 @@
    tensor (every tensor is read, one at a time), and anything that looks like a Hub token (`hf_` + 30
    characters) or a private key, in any file: PNG text chunks (tEXt, and zTXt / iTXt decompressed)
    and safetensors metadata and tensor names included. Files outside the allow-list are listed and left out.
-2. validate: in a fresh process, offline, from another directory: load the staged folder with
-   AutoModel and with SentenceTransformer, embed a fixed probe set, compare with the source
-   checkpoint (max abs diff <= 1e-5), and check the card's metadata. Any failure stops the push.
+2. validate: check the card's metadata, that the staged .py files equal the shipped folder's and
+   that every code file config.json / tokenizer_config.json `auto_map` and modules.json name is
+   staged. Then load the staged folder as a user would, in a clean process: an empty working
+   directory, no project import possible (this repository off sys.path, `lmk_embed` and
+   `lmk_embed_tools` unimportable), a temporary HF_MODULES_CACHE, offline; with AutoModel and
+   SentenceTransformer, by path and by REPO_ID from a Hub-cache layout, each class coming from the
+   staged files (`transformers_modules.*`). Embed a fixed probe set and compare with the source
+   checkpoint's vectors, computed in this process with the current classes (max abs diff
+   <= 1e-5). Any failure stops the push; the message's first line names what failed.
 3. upload: `HfApi.create_repo(exist_ok=True)`, then `upload_folder` (optionally to a branch) with
    `delete_patterns=["*"]`, so the remote mirrors the staged folder and no file of an earlier push
    survives, and `create_tag`. Unchanged files are not sent again (upload_folder skips them). The
@@ -34,6 +40,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,45 +242,204 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
 
 # ---- 2. validate --------------------------------------------------------------------------------
 
-VALIDATE_SCRIPT = r"""
-import json, sys
-import numpy as np
-from transformers import AutoModel
-from sentence_transformers import SentenceTransformer
+# The project's own packages: a user's process has neither, so the clean load must not reach them.
+PROJECT_PACKAGES = ("lmk_embed", "lmk_embed_tools")
 
-staged, source, family = sys.argv[1], sys.argv[2], sys.argv[3]
-texts = json.loads(sys.argv[4])
-if family == "lmk_embedder":
-    from lmk_embed.modeling_lmk import LMKModel as Reference
-    from lmk_embed.tokenization_lmk import LMKTokenizer as ReferenceTokenizer
-else:
-    from lmk_embed.modeling_recurrent import RecurrentEmbedModel as Reference
-    from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer as ReferenceTokenizer
-reference = Reference.from_pretrained(source)  # the source's weights, config and tokenizer files
-reference.tokenizer = ReferenceTokenizer.from_pretrained(source)
-expected = reference.encode(texts)
-auto = AutoModel.from_pretrained(staged, trust_remote_code=True).encode(texts)
-st = SentenceTransformer(staged, trust_remote_code=True, device="cpu").encode(texts)
-from lmk_embed_tools.model_cards import check_card
-check_card(staged + "/README.md")
-print(json.dumps({"automodel": float(np.abs(auto - expected).max()), "sentence_transformers": float(np.abs(st - expected).max())}))
+# Runs in a clean process: an empty working directory, this repository off PYTHONPATH and sys.path,
+# the project's packages made unimportable (they are installed here, not where users load it), fresh
+# HF_MODULES_CACHE and HF_HUB_CACHE, offline. Everything the checkpoint's code needs must then come
+# from its own files or the declared dependencies. It imports nothing of this project, and checks
+# that the classes came from transformers' remote-code loader (`transformers_modules.*`).
+CLEAN_LOAD_SCRIPT = r"""
+import json, os, sys, traceback
+
+spec = json.loads(open(sys.argv[1]).read())
+blocked = tuple(spec["blocked"])
+
+
+class NotInstalledForUsers:  # a meta path finder: the project's packages do not exist for a user
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r} (the checkpoint's code may import only its own "
+                                      "files and the declared dependencies)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInstalledForUsers())
+for root in spec["hidden_paths"]:
+    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or ".") != os.path.realpath(root)]
+
+import numpy as np
+
+done = {}
+
+
+def fail(step, error):
+    with open(os.path.join(spec["out"], "result.json"), "w") as handle:
+        json.dump({"ok": False, "step": step, "error": f"{type(error).__name__}: {' '.join(str(error).split())}",
+                   "traceback": traceback.format_exc()[-4000:]}, handle)
+    sys.exit(1)
+
+
+def from_checkpoint_files(obj):
+    module = type(obj).__module__
+    if not module.startswith("transformers_modules"):
+        raise RuntimeError(f"{type(obj).__name__} came from {module!r}, not from the checkpoint's own files")
+
+
+for key, how, name in spec["loads"]:
+    step = (f"AutoModel.from_pretrained({name!r}, trust_remote_code=True).encode(...)" if how == "automodel" else
+            f"SentenceTransformer({name!r}, trust_remote_code=True).encode(...)")
+    try:
+        if how == "automodel":
+            from transformers import AutoModel
+
+            model = AutoModel.from_pretrained(name, trust_remote_code=True)
+            from_checkpoint_files(model)
+        else:
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(name, trust_remote_code=True, device="cpu")
+            from_checkpoint_files(model[0])
+            if getattr(model[0], "model", None) is not None:
+                from_checkpoint_files(model[0].model)
+        vectors = np.asarray(model.encode(spec["texts"]), dtype=np.float64)
+        del model
+    except BaseException as error:  # noqa: BLE001 - every failure is reported, named by its step
+        fail(step, error)
+    np.save(os.path.join(spec["out"], key + ".npy"), vectors)
+    done[key] = step
+leaked = sorted(name for name in sys.modules if name.split(".")[0] in blocked)
+if leaked:
+    fail("the clean process", RuntimeError(f"imported the project's own modules {leaked}"))
+with open(os.path.join(spec["out"], "result.json"), "w") as handle:
+    json.dump({"ok": True, "loads": done}, handle)
 """
 
+# The source's vectors are computed here, in this process, one checkpoint at a time (demo.py validates
+# from threads; loading is not guaranteed thread-safe).
+_REFERENCE_LOCK = threading.Lock()
 
-def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5) -> dict[str, float]:
-    """Load the staged folder in a fresh offline process elsewhere; compare with the source checkpoint."""
+
+def reference_vectors(checkpoint: Path, family: str):
+    """The current classes on the source checkpoint's own weights, config and tokenizer files
+    (whatever code the source carries, possibly stale, is not used)."""
+    import numpy as np
+
+    from lmk_embed import LMKModel, LMKTokenizer, RecurrentEmbedModel, RecurrentEmbedTokenizer
+
+    model_class, tokenizer_class = ((LMKModel, LMKTokenizer) if family == "lmk_embedder" else
+                                    (RecurrentEmbedModel, RecurrentEmbedTokenizer))
+    with _REFERENCE_LOCK:
+        model = model_class.from_pretrained(checkpoint).eval()
+        model.tokenizer = tokenizer_class.from_pretrained(checkpoint)
+        vectors = np.asarray(model.encode(PROBE_TEXTS), dtype=np.float64)
+        del model
+    return vectors
+
+
+def _named_modules(folder: Path) -> list[tuple[str, str]]:
+    """(where, module file) for every code file the staged metadata names: config.json's and
+    tokenizer_config.json's `auto_map`, and modules.json's custom module types."""
+    named = []
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        auto_map = json.loads(path.read_text()).get("auto_map", {}) if path.is_file() else {}
+        for auto_class, value in auto_map.items():
+            for reference in value if isinstance(value, list) else [value]:
+                if reference and "--" not in reference:  # "repo--module.Class" is code of another repo: loaded, not checked
+                    named.append((f"{name} auto_map.{auto_class} = {reference!r}", reference.rsplit(".", 1)[0] + ".py"))
+    path = folder / "modules.json"
+    for module in json.loads(path.read_text()) if path.is_file() else []:
+        kind = module.get("type", "")
+        if kind.count(".") == 1:  # "file.Class": a class in a .py file of the folder; longer paths are packages
+            named.append((f"modules.json type {kind!r}", kind.split(".")[0] + ".py"))
+    return named
+
+
+def check_staged_code(staged: str | Path) -> None:
+    """The staged .py files equal the shipped folder's, and every code file the metadata names is staged."""
+    staged = Path(staged)
+    problems = []
+    for path in shipped_files():
+        copy = staged / path.name
+        if not copy.is_file():
+            problems.append(f"{path.name} is missing")
+        elif copy.read_bytes() != path.read_bytes():
+            problems.append(f"{path.name} differs from the shipped {path}")
+    for where, filename in _named_modules(staged):
+        if not (staged / filename).is_file():
+            problems.append(f"{where} needs {filename}, which the staged folder does not have")
+    if problems:
+        raise PushError("validation failed: the staged code is wrong: " + "; ".join(problems))
+
+
+def _environment(hidden: Path, **values) -> dict:
+    """This environment, offline, with `hidden` (the repository) left out of PYTHONPATH."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    kept = [entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep)
+            if entry and os.path.realpath(entry) != os.path.realpath(hidden)]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    env.update(values)
+    return env
+
+
+def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5,
+             repo_id: str = "validation/staged-checkpoint") -> dict[str, float]:
+    """Load the staged folder as a user would and compare its vectors with the source checkpoint's.
+
+    The user's side runs in a clean process (see `CLEAN_LOAD_SCRIPT`): AutoModel and
+    SentenceTransformer, by path and by `repo_id` from a Hub-cache layout of the staged folder.
+    The source's vectors are computed in this process (another one than the user's), with the
+    current classes on the source's files. Returns the max abs difference of each load; any
+    failure raises PushError, its first line naming what failed."""
+    from lmk_embed_tools.model_cards import check_card
+
     staged, checkpoint = Path(staged).resolve(), Path(checkpoint).resolve()
     if not (staged / "README.md").is_file():
         raise PushError(f"{staged} has no README.md model card (write one with `lmk-embed card`).")
+    try:
+        check_card(staged / "README.md")
+    except ValueError as error:
+        raise PushError(f"validation failed: the card is invalid: {' '.join(str(error).split())}") from None
+    check_staged_code(staged)
+    family = family_of(staged)
     repo_root = Path(__file__).resolve().parents[1]
-    with tempfile.TemporaryDirectory() as elsewhere:
-        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(Path(elsewhere) / "modules"),
-                   PYTHONPATH=os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        command = [sys.executable, "-c", VALIDATE_SCRIPT, str(staged), str(checkpoint), family_of(staged), json.dumps(PROBE_TEXTS)]
-        result = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise PushError(f"validation failed: the staged folder does not load or its card is invalid:\n{result.stderr[-4000:]}")
-    diffs = json.loads(result.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory(prefix="lmk-embed-validate-") as scratch:
+        scratch = Path(scratch)
+        for name in ("user", "out"):
+            (scratch / name).mkdir()
+        install_in_hub_cache(staged, repo_id, scratch / "hub", revision="0" * 40, link=True)
+        loads = [["automodel_path", "automodel", str(staged)], ["sentence_transformers_path", "sentence_transformers", str(staged)],
+                 ["automodel_id", "automodel", repo_id], ["sentence_transformers_id", "sentence_transformers", repo_id]]
+        spec = {"blocked": list(PROJECT_PACKAGES), "hidden_paths": [str(repo_root)], "texts": PROBE_TEXTS,
+                "loads": loads, "out": str(scratch / "out")}
+        (scratch / "spec.json").write_text(json.dumps(spec))
+        clean_env = _environment(repo_root, HF_MODULES_CACHE=str(scratch / "modules"), HF_HUB_CACHE=str(scratch / "hub"))
+        log = scratch / "clean-process.log"  # a file, not a pipe: nothing blocks while this process works
+        with open(log, "w") as output:
+            clean = subprocess.Popen([sys.executable, "-c", CLEAN_LOAD_SCRIPT, str(scratch / "spec.json")],
+                                     cwd=scratch / "user", env=clean_env, stdout=output, stderr=subprocess.STDOUT)
+            try:  # while the clean process starts (mostly imports)
+                expected = reference_vectors(checkpoint, family)
+            except Exception as error:
+                clean.kill()
+                clean.wait()
+                raise PushError(f"validation failed: the source checkpoint {checkpoint} does not encode with the current "
+                                f"code: {type(error).__name__}: {' '.join(str(error).split())}") from error
+            clean.wait()
+        clean_err = log.read_text(errors="replace")
+        result_path = scratch / "out" / "result.json"
+        result = json.loads(result_path.read_text()) if result_path.is_file() else None
+        if clean.returncode != 0 or not (result or {}).get("ok"):
+            if result:
+                raise PushError(f"validation failed: {result['step']} in a clean process raised {result['error']}\n"
+                                f"{result['traceback']}")
+            raise PushError(f"validation failed: the clean loading process exited with {clean.returncode}\n{clean_err[-4000:]}")
+        import numpy as np
+
+        diffs = {key: float(np.abs(np.load(scratch / "out" / f"{key}.npy") - expected).max()) for key, _, _ in loads}
     bad = {k: v for k, v in diffs.items() if not v <= tolerance}
     if bad:
         raise PushError(f"validation failed: staged embeddings differ from the source by {bad} (> {tolerance}).")
@@ -311,10 +477,13 @@ def upload(staged: str | Path, repo_id: str, *, api=None, private: bool = False,
 # ---- a local Hub cache (offline loading by model id) ---------------------------------------------
 
 
-def install_in_hub_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str | None = None) -> str:
+def install_in_hub_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str | None = None,
+                         link: bool = False) -> str:
     """Lay `folder` out as a Hub cache entry so `repo_id` resolves offline (`HF_HUB_OFFLINE=1`).
 
     Writes `cache_dir/models--org--name/snapshots/<revision>/...` and `refs/main`; returns the revision.
+    With `link`, the snapshot's files are symbolic links to `folder`'s (as the Hub cache links to its
+    blobs), so nothing is copied; `folder` must then outlive the cache entry.
     """
     if repo_id.count("/") != 1:
         raise ValueError(f"`repo_id` must look like 'org/name', got {repo_id!r}.")
@@ -329,7 +498,13 @@ def install_in_hub_cache(folder: str | Path, repo_id: str, cache_dir: str | Path
     snapshot = repo_dir / "snapshots" / revision
     if snapshot.exists():
         shutil.rmtree(snapshot)
-    shutil.copytree(folder, snapshot)
+    if link:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            target = snapshot / path.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path.resolve())
+    else:
+        shutil.copytree(folder, snapshot)
     (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
     (repo_dir / "refs" / "main").write_text(revision)
     return revision
@@ -364,7 +539,14 @@ def main(argv: list[str] | None = None, api=None) -> int:
 def run(args: argparse.Namespace, api=None) -> int:
     """Stage, validate, then upload (or stop, with --dry-run). Exit status: 2 for a bad argument,
     1 when the push is refused or fails validation, 0 otherwise."""
-    if "/" not in args.repo_id:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(args.repo_id)
+        valid = args.repo_id.count("/") == 1
+    except HFValidationError:
+        valid = False
+    if not valid:
         print(f"push: `repo_id` must look like org/name, got {args.repo_id!r}", file=sys.stderr)
         return 2
     if not Path(args.checkpoint).is_dir():
@@ -381,8 +563,9 @@ def run(args: argparse.Namespace, api=None) -> int:
             print(f"  code refreshed from the current source: {', '.join(sorted(report.refreshed_code))}")
         if report.left_out:
             print(f"  left out (not on the allow-list): {', '.join(report.left_out)}")
-        diffs = validate(report.folder, args.checkpoint)
-        print(f"Validated: max abs diff vs source {max(diffs.values()):.2e} (AutoModel and SentenceTransformer)")
+        diffs = validate(report.folder, args.checkpoint, repo_id=args.repo_id)
+        print(f"Validated in a clean process: max abs diff vs source {max(diffs.values()):.2e} (AutoModel and "
+              f"SentenceTransformer, by path and as {args.repo_id})")
         if args.dry_run:
             total = sum(report.files.values())
             print(f"Dry run: would upload to {args.repo_id}@{args.revision or 'main'} ({total / 2**20:.2f} MB):")

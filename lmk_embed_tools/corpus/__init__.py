@@ -3,7 +3,7 @@ csv, parquet or a saved `datasets` dataset, into resumable parquet shards with a
 local worker processes or a Ray cluster.
 """
 
-from .encode import CorpusSettingsError, encode_corpus
+from .encode import CorpusArgumentError, CorpusSettingsError, encode_corpus
 from .inputs import CorpusInputError
 
-__all__ = ["encode_corpus", "CorpusInputError", "CorpusSettingsError"]
+__all__ = ["encode_corpus", "CorpusArgumentError", "CorpusInputError", "CorpusSettingsError"]

@@ -23,15 +23,20 @@ class CorpusSettingsError(ValueError):
     """OUTPUT_DIR holds shards made otherwise; the message lists each setting that differs."""
 
 
+class CorpusArgumentError(ValueError):
+    """A bad argument: a value out of range, a MODEL that is not found, an OUTPUT_DIR that is a file,
+    a prompt the model lacks. The message names the argument."""
+
+
 def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        raise CorpusArgumentError(f"`{name}` must be a positive integer, got {value!r}")
     return value
 
 
 def _choice(name: str, value, choices) -> str:
     if value not in choices:
-        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}")
+        raise CorpusArgumentError(f"`{name}` must be one of {list(choices)}, got {value!r}")
     return value
 
 
@@ -51,14 +56,15 @@ def describe_model(model: str) -> tuple[dict, Path]:
                     digest.update(block)
         return {"source": str(path.resolve()), "revision": None, "sha256": "sha256:" + digest.hexdigest()}, path
     if path.exists():
-        raise ValueError(f"MODEL {model!r} is a file; give the checkpoint's folder or a Hub id")
+        raise CorpusArgumentError(f"MODEL {model!r} is a file; give the checkpoint's folder or a Hub id")
     from huggingface_hub import snapshot_download
 
     try:
         folder = Path(snapshot_download(model))
     except Exception as error:
-        raise ValueError(f"cannot find MODEL {model!r} (not a folder, and not on the Hub or in its cache): "
-                         f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from None
+        raise CorpusArgumentError(f"cannot find MODEL {model!r} (not a folder, and not on the Hub or in its cache): "
+                                  f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
+                                  ) from None
     return {"source": model, "revision": folder.name, "sha256": None}, folder
 
 
@@ -70,7 +76,7 @@ def _prompt(folder: Path, prompt_name: str) -> str:
     if prompt_name not in prompts:
         if prompt_name == "document" and not prompts:
             return ""
-        raise ValueError(f"`prompt_name` {prompt_name!r} is not among the model's prompts {sorted(prompts)}")
+        raise CorpusArgumentError(f"`prompt_name` {prompt_name!r} is not among the model's prompts {sorted(prompts)}")
     return prompts[prompt_name]
 
 
@@ -83,8 +89,15 @@ def _dimension(model: dict) -> int:
 
 def _check_output_dir(output_dir: Path) -> dict | None:
     if output_dir.exists() and not output_dir.is_dir():
-        raise ValueError(f"OUTPUT_DIR {str(output_dir)!r} is a file")
-    manifest = shard_files.read_manifest(output_dir) if output_dir.is_dir() else None
+        raise CorpusArgumentError(f"OUTPUT_DIR {str(output_dir)!r} is a file; give a new or empty folder, or one "
+                                  "encode-corpus wrote before")
+    existing = next((parent for parent in output_dir.absolute().parents if parent.exists()), None)
+    if not output_dir.exists() and existing is not None and not existing.is_dir():
+        raise CorpusArgumentError(f"OUTPUT_DIR {str(output_dir)!r} cannot be made: {str(existing)!r} is a file")
+    try:
+        manifest = shard_files.read_manifest(output_dir) if output_dir.is_dir() else None
+    except ValueError as error:  # a manifest.json that is not JSON
+        raise CorpusSettingsError(str(error)) from None
     if manifest is None and output_dir.is_dir() and any(output_dir.iterdir()):
         raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} is not empty and has no {shard_files.MANIFEST}; "
                                   "it was not written by encode-corpus (give an empty or new folder)")
@@ -140,7 +153,7 @@ def encode_corpus(
         if name == "path_field" and value is None:
             continue
         if not isinstance(value, str) or not value:
-            raise ValueError(f"`{name}` must be a non-empty string, got {value!r}")
+            raise CorpusArgumentError(f"`{name}` must be a non-empty string, got {value!r}")
 
     output_dir = Path(output_dir)
     manifest = _check_output_dir(output_dir)
@@ -241,4 +254,4 @@ def _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_a
         progress.close()
 
 
-__all__ = ["encode_corpus", "CorpusInputError", "CorpusSettingsError", "describe_model"]
+__all__ = ["encode_corpus", "CorpusArgumentError", "CorpusInputError", "CorpusSettingsError", "describe_model"]

@@ -3,8 +3,9 @@
 INPUT is a glob of jsonl, csv or parquet files, or a folder written by `datasets`'
 `save_to_disk`. A row is `(id, text)`, read from `id_field` and `text_field`. Every problem is
 a `CorpusInputError` that names the file, the line (jsonl, csv) or row (parquet, datasets) and
-the field. csv values are strings (ids too); jsonl, parquet and datasets keep integer ids. Rows are numbered globally in input order (files sorted by name); shards are ranges
-of these numbers.
+the field. csv values are strings (ids too); jsonl, parquet and datasets keep integer ids. Ids
+are unique across INPUT: a repeated id is refused, naming both places. Rows are numbered globally
+in input order (files sorted by name); shards are ranges of these numbers.
 """
 
 from __future__ import annotations
@@ -223,10 +224,13 @@ def check_sources(sources: list[Source], text_field: str, id_field: str, path_fi
     """Read every row once: check it, count rows per source, and fingerprint each source.
 
     Returns {"rows": N, "empty": rows whose text is blank, "id_type": "str" | "int"}. Mixed id types
-    are an error (the `id` column has one type), named at the first row that differs.
+    are an error (the `id` column has one type), named at the first row that differs. So is an id
+    that occurs twice (two vectors would answer to one id), named with both places: only the set
+    of ids is held, and the first place is found by reading again up to it.
     """
     total = empty = 0
     id_type = None
+    seen = set()
     for source in sources:
         source.rows = 0
         referenced = hashlib.sha256() if path_field else None
@@ -239,6 +243,12 @@ def check_sources(sources: list[Source], text_field: str, id_field: str, path_fi
                     raise CorpusInputError(
                         f"{source.path}, {where}: field {id_field!r} is {kind} but the first row ({first}) has "
                         f"{id_type}; ids must all be strings or all integers")
+                if row_id in seen:
+                    first_place = _first_place(sources, row_id, text_field, id_field, path_field)
+                    raise CorpusInputError(
+                        f"{source.path}, {where}: duplicate id {row_id!r} in field {id_field!r} (--id-field), first at "
+                        f"{first_place}; ids must be unique")
+                seen.add(row_id)
                 if isinstance(text, Path):
                     try:
                         _update(referenced, text)
@@ -254,6 +264,15 @@ def check_sources(sources: list[Source], text_field: str, id_field: str, path_fi
         source.fingerprint = _fingerprint(source, referenced)
         total += source.rows
     return {"rows": total, "empty": empty, "id_type": id_type or "str"}
+
+
+def _first_place(sources: list[Source], row_id, text_field: str, id_field: str, path_field: str | None) -> str:
+    """"file, line N" (or row N) of the first row whose id is `row_id`."""
+    for source in sources:
+        for where, other, _ in iter_source(source, text_field, id_field, path_field=path_field):
+            if other == row_id:
+                return f"{source.path}, {where}"
+    raise AssertionError(f"id {row_id!r} was seen but is not found again")  # pragma: no cover - INPUT changed under us
 
 
 def read_range(sources: list[Source], start: int, stop: int, text_field: str, id_field: str,

@@ -9,6 +9,7 @@ written by `record_results`). Re-run it whenever the results change.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -82,6 +83,54 @@ def record_results(checkpoint: str | Path, results: list[dict] | None = None, ex
         data["baselines"] = baselines
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "dataset"
+
+
+def dataset_types(rows: list[dict]) -> dict[str, str]:
+    """A model-index dataset type for each dataset name of `rows`, distinct per name.
+
+    huggingface_hub files results under (task, dataset type, config, split): results of two
+    datasets that share a type would be merged under the first one's name. A type given for
+    one dataset only is kept; a type shared by several gets the dataset's name appended."""
+    names_by_type: dict[str, list[str]] = {}
+    for row in rows:
+        names = names_by_type.setdefault(str(row["dataset_type"]), [])
+        if row["dataset"] not in names:
+            names.append(row["dataset"])
+    types, taken = {}, set()
+    for given, names in names_by_type.items():
+        for name in names:
+            kind = given if len(names) == 1 else f"{given}-{_slug(name)}"
+            while kind in taken:  # two names with one slug
+                kind += "-x"
+            taken.add(kind)
+            types.setdefault(name, kind)
+    return types
+
+
+def eval_results_of(rows: list[dict]) -> list[EvalResult]:
+    """The model-index entries of recorded results: one dataset entry per dataset (split), each
+    metric with its max length (`args.max_length`, and in its name)."""
+    types = dataset_types(rows)
+    results = []
+    for row in rows:
+        max_length = row.get("max_length")
+        results.append(EvalResult(
+            task_type="retrieval", task_name="Retrieval", dataset_type=types[row["dataset"]], dataset_name=row["dataset"],
+            dataset_split=row.get("split", "test"), metric_type=row["metric"], metric_value=round(float(row["value"]), 4),
+            metric_name=f"{row['metric']} (max length {max_length})" if max_length is not None else None,
+            metric_args={"max_length": int(max_length)} if max_length is not None else None,
+        ))
+    return results
+
+
+def _triples(results) -> list[tuple]:
+    """(dataset name, metric, value, max length) of EvalResults, sorted (for comparing with the file)."""
+    return sorted(((r.dataset_name, r.metric_type, float(r.metric_value), (r.metric_args or {}).get("max_length"))
+                   for r in results), key=repr)
 
 
 def _snippets(family: str, model_id: str, backbone_type: str) -> dict[str, str]:
@@ -234,11 +283,7 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
     family, summary, details = _details(config)
     backbone_type = config["backbone_config"]["model_type"]
     name = model_id or MODEL_ID_PLACEHOLDER
-    eval_results = [
-        EvalResult(task_type="retrieval", task_name="Retrieval", dataset_type=row["dataset_type"], dataset_name=row["dataset"],
-                   dataset_split=row.get("split", "test"), metric_type=row["metric"], metric_value=round(float(row["value"]), 4))
-        for row in results.get("results", [])
-    ] or None
+    eval_results = eval_results_of(results.get("results", [])) or None
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "custom_code", "long-context",
             "landmark-pooling" if family == "lmk_embedder" else backbone_type]
     if family == "recurrent_embedder":
@@ -298,6 +343,19 @@ def check_card(path: str | Path) -> ModelCard:
         problems.append("license is missing")
     if not data.tags or "custom_code" not in data.tags:
         problems.append("tags must include custom_code")
+    results_file = Path(path).parent / RESULTS_FILE
+    recorded = load_json(results_file).get("results") or [] if results_file.is_file() else None
+    if recorded is not None:  # the model-index must say exactly what the results file says
+        expected = _triples(eval_results_of(recorded))
+        found = _triples(data.eval_results or [])
+        if found != expected:
+            missing = [t for t in expected if t not in found]
+            extra = [t for t in found if t not in expected]
+            problems.append(f"model-index does not match {RESULTS_FILE} (missing {missing[:3]}, not in the file "
+                            f"{extra[:3]}); rewrite the card with `lmk-embed card`")
+        types = {r.dataset_name: r.dataset_type for r in data.eval_results or []}
+        if len(set(types.values())) != len(types):
+            problems.append("two datasets share a model-index dataset type, so the Hub files them as one")
     if problems:
         raise ValueError(f"{path}: invalid card metadata: " + "; ".join(problems))
     return card

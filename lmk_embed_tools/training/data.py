@@ -30,6 +30,12 @@ OPTIONAL_FIELDS = ("negatives", "teacher_scores", "teacher_embeddings", "task")
 MAX_REPORTED_ERRORS = 20
 
 
+class TrainingDataError(ValueError):
+    """A problem with the training data (a bad row, a missing field, no valid row); the message names
+    the file, and each bad row's line and field. A mistake in the data, not a bug: the CLI reports it
+    as a user error."""
+
+
 @dataclass
 class LoadReport:
     """What loading did: rows read, kept, dropped (and why), and ignored columns."""
@@ -80,7 +86,7 @@ def _read_rows(source) -> tuple[list[tuple[str, dict]], list[str], str]:
                 columns.extend(k for k in row if k not in columns)
                 rows.append((f"line {number}", row))
         if errors:
-            raise ValueError(f"{path}: {len(errors)} bad rows:\n  " + "\n  ".join(errors[:MAX_REPORTED_ERRORS]))
+            raise TrainingDataError(f"{path}: {len(errors)} bad rows:\n  " + "\n  ".join(errors[:MAX_REPORTED_ERRORS]))
         return rows, columns, str(path)
     if suffix in (".csv", ".parquet"):
         from datasets import load_dataset
@@ -98,7 +104,7 @@ def _read_rows(source) -> tuple[list[tuple[str, dict]], list[str], str]:
                             pass
             rows.append((f"line {i + first_line}" if suffix == ".csv" else f"row {i + first_line}", row))
         return rows, list(dataset.column_names), str(path)
-    raise ValueError(f"Unsupported training data format {suffix!r} for {path}: use .jsonl, .csv or .parquet.")
+    raise TrainingDataError(f"Unsupported training data format {suffix!r} for {path}: use .jsonl, .csv or .parquet.")
 
 
 def _blank(value) -> bool:
@@ -115,7 +121,7 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
     report = LoadReport(source=name, rows_read=len(raw_rows))
     missing = [f for f in REQUIRED_FIELDS if f not in columns]
     if missing:
-        raise ValueError(f"{name}: missing required field(s) {missing}; found columns {columns}.")
+        raise TrainingDataError(f"{name}: missing required field(s) {missing}; found columns {columns}.")
     report.ignored_columns = [c for c in columns if c not in REQUIRED_FIELDS + OPTIONAL_FIELDS]
 
     errors, candidates = [], []
@@ -158,14 +164,14 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
         candidates.append({"query": row["query"], "positive": row["positive"], "negatives": list(negatives),
                            "teacher_scores": scores, "teacher_embeddings": vectors, "task": row.get("task")})
     if errors:
-        raise ValueError(
+        raise TrainingDataError(
             f"{name}: {len(errors)} bad rows" + (f" (first {MAX_REPORTED_ERRORS})" if len(errors) > MAX_REPORTED_ERRORS else "")
             + ":\n  " + "\n  ".join(errors[:MAX_REPORTED_ERRORS])
         )
     for key in ("teacher_scores", "teacher_embeddings"):
         given = sum(r[key] is not None for r in candidates)
         if 0 < given < len(candidates):
-            raise ValueError(f"{name}: `{key}` is given for {given} of {len(candidates)} rows; give it for all or none.")
+            raise TrainingDataError(f"{name}: `{key}` is given for {given} of {len(candidates)} rows; give it for all or none.")
 
     if num_negatives is None:
         num_negatives = min((len(r["negatives"]) for r in candidates), default=0)
@@ -185,7 +191,7 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
     report.rows_kept = len(rows)
     report.log()
     if not rows:
-        raise ValueError(
+        raise TrainingDataError(
             f"{name}: no valid rows ({report.rows_read} read, {report.dropped_empty} empty, "
             f"{report.dropped_few_negatives} with fewer than {num_negatives} negatives)."
         )

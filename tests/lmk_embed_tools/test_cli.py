@@ -40,16 +40,37 @@ def write_yaml(path, **data):
         (["push", "{tmp}/no-such-checkpoint", "our-org/x", "--dry-run"], "no-such-checkpoint"),
         (["train", "--config", "{tmp}/missing.yaml"], "missing.yaml"),
         (["train", "--config", "{tmp}/run.yaml", "--lora_rank", "4"], "--lora_rank"),
+        (["train", "--config", "{tmp}/run.yaml", "--train_data", "{tmp}/no-such-data.jsonl"], "no-such-data.jsonl"),
+        (["push", "{tmp}", "our-org/x/y", "--dry-run"], "repo_id"),
+        (["encode-corpus", "{tmp}/no-model", "{tmp}/in.jsonl", "{tmp}/run.yaml"], "OUTPUT_DIR"),  # a file
+        (["encode-corpus", "{tmp}/no-model", "{tmp}/in.jsonl", "{tmp}/run.yaml/out"], "is a file"),
+        (["encode-corpus", "{tmp}/no-model", "{tmp}/in.jsonl", "{tmp}/out"], "no-model"),
+        (["encode-corpus", "{tmp}/no-model", "{tmp}/dup.jsonl", "{tmp}/out"], "duplicate id 'a'"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(tmp_path, args, named):
     write_yaml(tmp_path / "run.yaml", model="m", output_dir=str(tmp_path / "o"))
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    (tmp_path / "dup.jsonl").write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n{"id": "a", "text": "z"}\n')
     result = run_cli(*(arg.format(tmp=tmp_path) for arg in args))
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not [line for line in result.stderr.splitlines() if line.startswith("usage:")]
     lines = error_lines(result.stderr)
     assert len(lines) == 1 and named in lines[0], result.stderr[-2000:]
+
+
+def test_a_training_row_without_positive_is_one_line_and_exit_2(tmp_path, lmk_checkpoint):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"query": "q1", "positive": "p1"}\n{"query": "q2", "postive": "misspelt"}\n')
+    result = run_cli("train", "--model", lmk_checkpoint, "--output_dir", tmp_path / "o", "--train_data", data,
+                     "--max_steps", "1", "--eval_data", "none")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("lmk-embed train: error: --train_data: ")
+    assert "pairs.jsonl" in lines[0] and "line 2: missing field `positive`" in lines[0]
 
 
 def test_bad_yaml_field_is_one_line_and_the_file_is_closed(tmp_path):

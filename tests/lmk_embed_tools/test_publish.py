@@ -78,7 +78,61 @@ def test_stage_and_validate(which, request, tmp_path):
     assert "README.md" in report.files and "model.safetensors" in report.files and "st_module.py" in report.files
     assert report.left_out == ["training_args.bin.txt"] and not report.refreshed_code
     diffs = push.validate(report.folder, folder)
+    assert set(diffs) == {"automodel_path", "sentence_transformers_path", "automodel_id", "sentence_transformers_id"}
     assert max(diffs.values()) <= 1e-5
+
+
+def _point_auto_model_at(folder, reference):
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"]["AutoModel"] = reference
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def test_a_checkpoint_no_user_can_load_fails_the_push(lmk_copy, tmp_path, capsys):
+    """config.json's auto_map names a file the checkpoint does not ship: a user's AutoModel fails,
+    so the push must too, naming the file on its first line."""
+    _point_auto_model_at(lmk_copy, "modeling_missing.LMKModel")
+    api = RecordingHfApi()
+    from lmk_embed_tools import cli
+
+    code = cli.main(["push", str(lmk_copy), "our-org/tiny-lmk", "--dry-run", "--stage-dir", str(tmp_path / "staged")])
+    err = capsys.readouterr().err
+    assert code == 1 and api.calls == []
+    first = err.splitlines()[0]
+    assert first.startswith("push: validation failed") and "modeling_missing.py" in first and "Traceback" not in first
+
+
+def test_validation_loads_in_a_clean_process(lmk_copy, tmp_path, monkeypatch):
+    """The staged folder is loaded as a user loads it: the classes come from its files, and neither
+    this repository nor the installed `lmk_embed` can fill a gap in them."""
+    staged = push.stage(lmk_copy, tmp_path / "staged").folder
+    # The static check of the metadata off: the clean load alone must catch a missing file.
+    monkeypatch.setattr(push, "check_staged_code", lambda folder: None)
+    _point_auto_model_at(staged, "modeling_missing.LMKModel")
+    with pytest.raises(push.PushError) as caught:
+        push.validate(staged, lmk_copy)
+    first = str(caught.value).splitlines()[0]
+    assert "AutoModel.from_pretrained(" in first and "in a clean process" in first and "modeling_missing.py" in first
+
+    # A code file that imports the project's package works only where the project is installed.
+    (staged / "modeling_extra.py").write_text("from lmk_embed.modeling_lmk import LMKModel  # noqa: F401\n")
+    _point_auto_model_at(staged, "modeling_extra.LMKModel")
+    with pytest.raises(push.PushError) as caught:
+        push.validate(staged, lmk_copy)
+    assert "in a clean process" in str(caught.value).splitlines()[0] and "lmk_embed" in str(caught.value).splitlines()[0]
+
+
+def test_staged_code_must_equal_the_shipped_files(lmk_copy, tmp_path):
+    staged = push.stage(lmk_copy, tmp_path / "staged").folder
+    (staged / "encoding.py").write_text((staged / "encoding.py").read_text() + "\n# edited\n")
+    with pytest.raises(push.PushError, match=r"encoding\.py differs from the shipped"):
+        push.validate(staged, lmk_copy)
+    shutil.copyfile(push.Path(lmk_embed.__file__).parent / "encoding.py", staged / "encoding.py")
+    modules = json.loads((staged / "modules.json").read_text())
+    modules[0]["type"] = "st_missing.EmbedderModule"
+    (staged / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(push.PushError, match=r"modules\.json type 'st_missing\.EmbedderModule' needs st_missing\.py"):
+        push.validate(staged, lmk_copy)
 
 
 @pytest.mark.parametrize(
@@ -205,6 +259,46 @@ def test_card_metadata_round_trip(lmk_copy):
     assert "arXiv:2601.21525" in card.text and "passkey" in card.text
     assert "Doshi, Meet and Trivedi, Aashka" in card.text and "Joshi, Sachindra" in card.text
     assert "others" not in card.text.split("## Citation")[1]
+
+
+SPLIT_RESULTS = [  # as demo.py records them: one dataset type for every split, two metrics each
+    {"dataset": split, "dataset_type": "python-package-docs", "split": "test", "metric": metric, "value": value, "max_length": 512}
+    for split, values in [("stdlib held-out modules (in-domain)", (0.8123, 0.7011)),
+                          ("scientific (out-of-domain)", (0.9029, 0.8342)),
+                          ("symbolic (out-of-domain)", (0.9270, 0.8710))]
+    for metric, value in zip(("ndcg_at_10", "recall_at_1"), values)
+]
+
+
+def test_model_index_files_each_split_under_its_own_dataset(lmk_copy):
+    rows = SPLIT_RESULTS + [dict(SPLIT_RESULTS[2], value=0.8811, max_length=256)]  # one split at a second length
+    record_results(lmk_copy, rows)
+    write_card(lmk_copy)
+    results = ModelCard.load(lmk_copy / "README.md").data.eval_results
+    found = sorted((r.dataset_name, r.metric_type, r.metric_value, r.metric_args["max_length"]) for r in results)
+    recorded = json.loads((lmk_copy / "eval_results.json").read_text())["results"]
+    assert found == sorted((r["dataset"], r["metric"], r["value"], r["max_length"]) for r in recorded)
+    by_dataset = {}
+    for result in results:
+        by_dataset.setdefault(result.dataset_name, set()).add(result.dataset_type)
+    assert all(len(kinds) == 1 for kinds in by_dataset.values())
+    assert len({kind for kinds in by_dataset.values() for kind in kinds}) == 3  # three datasets, three types
+    scores = {(r.dataset_name, r.metric_type, r.metric_args["max_length"]): r.metric_value for r in results}
+    assert scores[("scientific (out-of-domain)", "ndcg_at_10", 512)] == 0.9029
+    assert scores[("symbolic (out-of-domain)", "ndcg_at_10", 512)] == 0.9270
+    assert scores[("scientific (out-of-domain)", "ndcg_at_10", 256)] == 0.8811
+    assert scores[("stdlib held-out modules (in-domain)", "ndcg_at_10", 512)] == 0.8123
+    check_card(lmk_copy / "README.md")
+
+
+def test_a_card_that_disagrees_with_its_results_file_is_refused(lmk_copy):
+    record_results(lmk_copy, SPLIT_RESULTS)
+    write_card(lmk_copy)
+    record_results(lmk_copy, [dict(row, value=0.5) if row["dataset"].startswith("symbolic") else row for row in SPLIT_RESULTS])
+    with pytest.raises(ValueError, match="model-index does not match eval_results.json"):
+        check_card(lmk_copy / "README.md")
+    write_card(lmk_copy)
+    check_card(lmk_copy / "README.md")
 
 
 def test_recurrent_card(recurrent_copy):

@@ -266,6 +266,70 @@ def test_cli_reports_bad_input_in_one_line(tmp_path, lmk_checkpoint, capsys):
     assert len(error.strip().splitlines()) == 1
 
 
+def test_output_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path, lmk_checkpoint, jsonl, capsys):
+    from lmk_embed_tools import cli
+    from lmk_embed_tools.corpus import CorpusArgumentError
+
+    (tmp_path / "some_file").write_text("not a folder")
+    with pytest.raises(CorpusArgumentError, match=r"OUTPUT_DIR '.*some_file' is a file"):
+        encode_corpus(str(lmk_checkpoint), str(jsonl), tmp_path / "some_file", show_progress_bar=False)
+    code = cli.main(["encode-corpus", str(lmk_checkpoint), str(jsonl), str(tmp_path / "some_file"), "--no-progress"])
+    error = capsys.readouterr().err
+    assert code == 2 and len(error.strip().splitlines()) == 1
+    assert error.startswith("lmk-embed encode-corpus: error: OUTPUT_DIR") and "some_file" in error
+    assert (tmp_path / "some_file").read_text() == "not a folder"
+
+
+# ---- duplicate ids: refused, naming both places; nothing is encoded ----------------------------
+
+
+def test_duplicate_ids_are_refused_with_both_lines(tmp_path, lmk_checkpoint, capsys):
+    from lmk_embed_tools import cli
+
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "one"}, {"id": "b", "text": "two"},
+                                                  {"id": "a", "text": "three"}])
+    with pytest.raises(CorpusInputError, match=r"docs\.jsonl, line 3: duplicate id 'a' in field 'id' \(--id-field\), "
+                                                r"first at .*docs\.jsonl, line 1"):
+        encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out", show_progress_bar=False)
+    assert not (tmp_path / "out").exists()
+    code = cli.main(["encode-corpus", str(lmk_checkpoint), str(source), str(tmp_path / "out"), "--no-progress"])
+    error = capsys.readouterr().err
+    assert code == 2 and len(error.strip().splitlines()) == 1 and "duplicate id 'a'" in error and "line 3" in error
+
+
+def test_duplicate_ids_across_files_and_formats(tmp_path, lmk_checkpoint):
+    import datasets
+
+    (tmp_path / "in").mkdir()
+    datasets.Dataset.from_dict({"id": [1, 2, 3], "text": ["x", "y", "z"]}).to_parquet(tmp_path / "in" / "a.parquet")
+    datasets.Dataset.from_dict({"id": [4, 2], "text": ["u", "v"]}).to_parquet(tmp_path / "in" / "b.parquet")
+    with pytest.raises(CorpusInputError, match=r"b\.parquet, row 2: duplicate id 2 .* first at .*a\.parquet, row 2"):
+        encode_corpus(str(lmk_checkpoint), str(tmp_path / "in" / "*.parquet"), tmp_path / "out", show_progress_bar=False)
+
+
+def test_duplicate_ids_are_refused_on_resume_and_with_streamed_files(tmp_path, clean_run, lmk_checkpoint, mamba2_checkpoint,
+                                                                     texts):
+    # A finished run's OUTPUT_DIR, its input then given a repeated id: refused before anything is compared or encoded.
+    out = tmp_path / "out"
+    import shutil
+
+    shutil.copytree(clean_run[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rows = [{"id": f"doc-{i:03d}", "text": t} for i, t in enumerate(texts)]
+    rows[150]["id"] = "doc-007"
+    source = write_jsonl(tmp_path / "docs.jsonl", rows)
+    with pytest.raises(CorpusInputError, match=r"line 151: duplicate id 'doc-007' .* first at .*line 8"):
+        encode_corpus(str(lmk_checkpoint), str(source), out, shard_size=SHARD_SIZE, batch_size=16, show_progress_bar=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # Rows naming text files (streamed by a recurrent model).
+    (tmp_path / "docs").mkdir()
+    for name in ("1.txt", "2.txt"):
+        (tmp_path / "docs" / name).write_text("some text")
+    index = write_jsonl(tmp_path / "index.jsonl", [{"id": 7, "file": "docs/1.txt"}, {"id": 7, "file": "docs/2.txt"}])
+    with pytest.raises(CorpusInputError, match=r"index\.jsonl, line 2: duplicate id 7 .* first at .*index\.jsonl, line 1"):
+        encode_corpus(str(mamba2_checkpoint), str(index), tmp_path / "out-files", path_field="file", show_progress_bar=False)
+
+
 # ---- the other input formats, the other family, landmarks, truncation, float16 -------------------
 
 
