@@ -1,6 +1,6 @@
 """`lmk-embed`: convert backbones into checkpoints, train, write model cards and publish.
 
-    lmk-embed convert-lmk SOURCE OUTPUT [--pooling lmk] [--granularity 128] ...
+    lmk-embed convert-lmk SOURCE OUTPUT [--pooling lmk] [--granularity 128] [--max-positions N] ...
     lmk-embed convert-recurrent SOURCE OUTPUT [--schedule auto] [--block-size auto] ...
     lmk-embed train [--config run.yaml] [--field value ...]
     lmk-embed card CHECKPOINT
@@ -83,7 +83,7 @@ def _load_source(convert, args, **options):
 
 
 def _add_convert_lmk(subparsers) -> None:
-    from lmk_embed.configuration_lmk import POOLINGS, SPLITTERS
+    from lmk_embed.configuration_lmk import POOLINGS, POSITION_EXTENSIONS, SPLITTERS
 
     parser = subparsers.add_parser("convert-lmk", help="Turn an encoder (folder or Hub id) into an LMK checkpoint.")
     parser.add_argument("source", help="encoder checkpoint: a local folder, or a Hub id where the Hub is reachable")
@@ -97,6 +97,11 @@ def _add_convert_lmk(subparsers) -> None:
     parser.add_argument("--no-normalize", action="store_true", help="do not L2-normalise embeddings by default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base-model", default=None, help="Hub id to record as the base model (for cards)")
+    parser.add_argument("--max-positions", type=_positive_int, default=None, metavar="N",
+                        help="extend the backbone to N positions; inputs that fit the original ones keep the base's vectors")
+    parser.add_argument("--position-extension", default=None, choices=POSITION_EXTENSIONS,
+                        help="how positions past the original table are read: interpolate (default), recurrent or "
+                             "group for absolute tables; dynamic (NTK rope scaling, the default) for rotary backbones")
     parser.set_defaults(handler=_run_convert_lmk)
 
 
@@ -115,6 +120,8 @@ def _run_convert_lmk(args) -> int:
         max_length=args.max_length,
         seed=args.seed,
         base_model=args.base_model,
+        max_positions=args.max_positions,
+        position_extension=args.position_extension,
     )
     print(f"LMK checkpoint written to {path}")
     return 0
@@ -224,11 +231,17 @@ def _run_train(args) -> int:
     import logging
 
     from lmk_embed_tools.training import train
+    from lmk_embed_tools.training.data import TrainingDataError
 
     config = train_config(args)
+    if config.train_data != "stdlib" and not Path(config.train_data).is_file():
+        raise UsageError(f"--train_data {config.train_data!r}: no such file (give a jsonl, csv or parquet file, or 'stdlib')")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         result = train(config)
+    except TrainingDataError as error:  # a bad row or field of the data file, named with its line: one line
+        first, *rows = str(error).splitlines()
+        raise UsageError(f"--train_data: {first}" + (" " + "; ".join(row.strip() for row in rows) if rows else "")) from None
     finally:
         import torch.distributed as dist
 
@@ -291,7 +304,10 @@ def _add_evaluate(subparsers) -> None:
         "evaluate", help="Retrieval at growing max lengths: synthetic passkey/needle, stdlib docs, BEIR folders, mteb tasks.")
     parser.add_argument("models", nargs="+", help="checkpoint folders (ours, or any SentenceTransformer), or `bm25`")
     parser.add_argument("--task", nargs="+", required=True,
-                        help="passkey, needle, stdlib, a BEIR folder (queries.jsonl, corpus.jsonl, qrels/test.tsv), or mteb:NAME")
+                        help="passkey, needle, stdlib, deep:scientific / deep:symbolic (a method's summary as the query "
+                             "for its class page, 600-3800 tokens deep), a BEIR folder (queries.jsonl, corpus.jsonl, "
+                             "qrels/test.tsv), or mteb:NAME")
+    parser.add_argument("--corpus-cache", default="runs/corpora", help="deep:*: where the documentation corpora are cached")
     parser.add_argument("--max-lengths", type=_positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
     parser.add_argument("--out", default="runs/evaluate", help="folder for results.json, results.txt and the PNGs")
     parser.add_argument("--names", nargs="+", default=None, help="a row name per model (default: the folder's name)")
@@ -302,8 +318,8 @@ def _add_evaluate(subparsers) -> None:
                         help="LMK models: one row per inference granularity g (the granularity trade-off)")
     parser.add_argument("--schedule", default=None, choices=("horizontal", "vertical", "auto"),
                         help="recurrent models: the inference schedule (default: the checkpoint's)")
-    parser.add_argument("--queries", type=_positive_int, default=50, help="synthetic tasks: queries per length")
-    parser.add_argument("--documents", type=_positive_int, default=100, help="synthetic tasks: candidates per length")
+    parser.add_argument("--queries", type=_positive_int, default=50, help="synthetic and deep:* tasks: queries (per length)")
+    parser.add_argument("--documents", type=_positive_int, default=100, help="synthetic and deep:* tasks: candidates (per length)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", default=None,
                         help="synthetic lengths are counted in this tokenizer's tokens (default: the first model's)")
@@ -354,6 +370,18 @@ def _jobs(args, count_tokens) -> list:
                                         num_documents=args.documents, num_queries=min(args.queries, args.documents))
             jobs += [(task, data.length, data) for data in generated]
             continue
+        if task.startswith("deep:"):
+            from lmk_embed_tools.training.corpora import OUT_OF_DOMAIN_SOURCES, build_corpus, deep_evidence_split
+
+            source = task[len("deep:"):]
+            if source not in OUT_OF_DOMAIN_SOURCES:
+                raise UsageError(f"--task {task!r}: deep evidence comes from {list(OUT_OF_DOMAIN_SOURCES)}")
+            if count_tokens is None:
+                raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count depths")
+            data = deep_evidence_split(build_corpus(args.corpus_cache, sources=(source,)), source, count_tokens,
+                                       max_queries=args.queries, max_documents=args.documents, seed=args.seed)
+            jobs += [(data.name, length, data) for length in args.max_lengths]
+            continue
         if task == "stdlib":
             pages = _stdlib_pages()
             data = RetrievalData("stdlib", {p.name: p.synopsis for p in pages}, {p.name: p.text for p in pages},
@@ -369,7 +397,7 @@ def _jobs(args, count_tokens) -> list:
             except ValueError as error:
                 raise UsageError(str(error)) from None
         else:
-            raise UsageError(f"--task {task!r}: not passkey, needle, stdlib, mteb:NAME or a BEIR folder")
+            raise UsageError(f"--task {task!r}: not passkey, needle, stdlib, deep:SOURCE, mteb:NAME or a BEIR folder")
         jobs += [(data.name, length, data) for length in args.max_lengths]
     return jobs
 
@@ -492,7 +520,7 @@ def _add_encode_corpus(subparsers) -> None:
 
 
 def _run_encode_corpus(args) -> int:
-    from lmk_embed_tools.corpus import CorpusInputError, CorpusSettingsError, encode_corpus
+    from lmk_embed_tools.corpus import CorpusArgumentError, CorpusInputError, CorpusSettingsError, encode_corpus
 
     try:
         summary = encode_corpus(
@@ -503,8 +531,8 @@ def _run_encode_corpus(args) -> int:
             shard_size=args.shard_size, dtype=args.dtype, ray_address=args.ray_address,
             gpus_per_worker=args.gpus_per_worker, show_progress_bar=not args.no_progress,
         )
-    except (CorpusInputError, CorpusSettingsError) as error:
-        raise UsageError(str(error)) from None
+    except (CorpusArgumentError, CorpusInputError, CorpusSettingsError) as error:
+        raise UsageError(" ".join(str(error).split())) from None
     print(f"{summary['rows']} rows in {summary['shards']} shards ({summary['shards_skipped']} kept from an earlier run) "
           f"written to {args.output_dir}: {summary['truncated']} truncated, {summary['empty']} empty, "
           f"{summary['tokens']} tokens")

@@ -14,8 +14,8 @@ TOOLS = "lmk_embed_tools"
 ALLOWED_IMPORTS = {
     "lmk_embed": set(),
     f"{TOOLS}.model_cards": {"lmk_embed"},
-    f"{TOOLS}.evaluation": set(),
-    f"{TOOLS}.training": {"lmk_embed"},
+    f"{TOOLS}.evaluation": {"lmk_embed"},
+    f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation"},  # the evaluation split type
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
     f"{TOOLS}.corpus": set(),

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from lmk_embed.encoding import position_table_limit
+
 from .cache import EmbeddingCache, cache_key, data_hash, model_hash
 
 
@@ -26,13 +28,15 @@ def _is_sentence_transformer(model) -> bool:
 
 
 def position_limit(model) -> int | None:
-    """The longest input `model` can read: its own default for our models, the backbone's position
-    embeddings (or the tokenizer's limit) for a SentenceTransformer; None when unbounded."""
+    """The longest input `model` can read: its own default for our models; for a SentenceTransformer,
+    its backbone's position table (`position_table_limit`, the function our models use). Not the
+    tokenizer's `model_max_length`: sentence-transformers sets it to `max_seq_length` (256 for
+    all-MiniLM-L6-v2), which is a default, not a limit."""
     if _is_sentence_transformer(model):
-        config = getattr(getattr(model[0], "auto_model", None), "config", None)
-        limits = [getattr(config, "max_position_embeddings", None), getattr(model.tokenizer, "model_max_length", None)]
-        limits = [int(n) for n in limits if n is not None and n < 10**7]
-        return min(limits) if limits else None
+        inner = getattr(model[0], "auto_model", None) or getattr(model[0], "model", None)
+        if hasattr(inner, "max_positions"):  # one of ours, loaded through SentenceTransformer
+            return inner.max_positions()
+        return position_table_limit(inner) if inner is not None else None
     return model.default_max_length()
 
 

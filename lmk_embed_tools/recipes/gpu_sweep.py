@@ -208,11 +208,11 @@ def score(out: Path, folder: Path) -> None:
     import numpy as np
 
     from lmk_embed_tools.evaluation.table import evaluate_table, format_table
-    from lmk_embed_tools.training.corpora import RetrievalSplit
+    from lmk_embed_tools.evaluation.longcontext import RetrievalData
 
     with lzma.open(folder / "data.json.xz", "rt", encoding="utf-8") as handle:
         data = json.load(handle)
-    splits = [RetrievalSplit(s["name"], s["queries"], s["documents"], s["relevant"]) for s in data["splits"]]
+    splits = [RetrievalData(s["name"], s["queries"], s["documents"], s["relevant"]) for s in data["splits"]]
     vectors = {}
     for file in sorted(out.glob("vectors-*.npz")):
         vectors.update(np.load(file))

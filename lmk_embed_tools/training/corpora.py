@@ -42,6 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lmk_embed_tools.evaluation.longcontext import RetrievalData
+
 from .stdlib_corpus import import_quietly, render_page, stdlib_module_names, synopsis_of
 
 # Modules walked per source: public API modules, not test suites or per-model files.
@@ -372,19 +374,6 @@ def corpus_report(corpus: dict[str, list[DocItem]]) -> dict[str, dict]:
 # ---- training pairs and evaluation splits ----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RetrievalSplit:
-    """An evaluation split: mteb-style dicts plus where it came from."""
-
-    name: str
-    queries: dict[str, str]
-    documents: dict[str, str]
-    relevant: dict[str, dict[str, int]]
-
-    def as_tuple(self):
-        return self.queries, self.documents, self.relevant
-
-
 IN_DOMAIN_SPLIT = "stdlib held-out modules (in-domain)"
 EVAL_KINDS = ("class", "function")  # leaf pages: a module page repeats its members' synopses, a class page its methods'
 
@@ -395,7 +384,7 @@ def training_items(corpus: dict[str, list[DocItem]], held_out_fraction: float = 
             if not (source == "stdlib" and is_held_out_module(item.module, held_out_fraction))]
 
 
-def _split_from_items(name: str, items: list[DocItem], max_queries: int, seed: int) -> RetrievalSplit:
+def _split_from_items(name: str, items: list[DocItem], max_queries: int, seed: int) -> RetrievalData:
     import random
 
     leaves = [i for i in items if i.kind in EVAL_KINDS]
@@ -409,11 +398,11 @@ def _split_from_items(name: str, items: list[DocItem], max_queries: int, seed: i
             continue
         queries[item.name] = item.synopsis
         relevant[item.name] = {item.name: 1}
-    return RetrievalSplit(name, queries, documents, relevant)
+    return RetrievalData(name, queries, documents, relevant)
 
 
 def evaluation_splits(corpus: dict[str, list[DocItem]], max_queries: int = 320, seed: int = 0,
-                      held_out_fraction: float = 0.2, in_domain_queries: int | None = None) -> list[RetrievalSplit]:
+                      held_out_fraction: float = 0.2, in_domain_queries: int | None = None) -> list[RetrievalData]:
     """The in-domain held-out stdlib split (`in_domain_queries`, default `max_queries`), then one
     out-of-domain split per evaluation-only source (`max_queries` each)."""
     held_out = [i for i in corpus.get("stdlib", []) if is_held_out_module(i.module, held_out_fraction)]
@@ -424,7 +413,7 @@ def evaluation_splits(corpus: dict[str, list[DocItem]], max_queries: int = 320, 
     return splits
 
 
-def validation_split(corpus: dict[str, list[DocItem]], max_queries: int = 2000, seed: int = 0) -> RetrievalSplit:
+def validation_split(corpus: dict[str, list[DocItem]], max_queries: int = 2000, seed: int = 0) -> RetrievalData:
     """Up to `max_queries` classes and functions of the validation source (every one by default).
 
     Its packages are neither trained on nor in a test split, so choosing a recipe by its score
@@ -437,7 +426,7 @@ def validation_split(corpus: dict[str, list[DocItem]], max_queries: int = 2000, 
 
 def deep_evidence_split(corpus: dict[str, list[DocItem]], source: str, count_tokens, min_depth: int = 600,
                         max_depth: int = 3800, max_queries: int = 50, max_documents: int = 100,
-                        seed: int = 0) -> RetrievalSplit:
+                        seed: int = 0) -> RetrievalData:
     """A long-document split whose evidence lies past the first 512 tokens of its page.
 
     The query is a method's summary line; its document is the page of the class that holds the
@@ -478,4 +467,4 @@ def deep_evidence_split(corpus: dict[str, list[DocItem]], source: str, count_tok
             del queries[query_id], relevant[query_id], depths[query_id]
     for query_id in list(queries)[max_queries:]:  # their pages stay, as candidates
         del queries[query_id], relevant[query_id], depths[query_id]
-    return RetrievalSplit(f"{source} deep evidence", queries, documents, relevant)
+    return RetrievalData(f"{source} deep evidence", queries, documents, relevant)

@@ -174,7 +174,7 @@ def test_mining_never_returns_the_positive_or_a_near_copy_or_a_container():
 def test_evaluation_table_on_a_tiny_model(lmk_model, tmp_path):
     from lmk_embed_tools.evaluation.table import evaluate_table, format_table, save_table
 
-    split = corpora.RetrievalSplit(
+    split = corpora.RetrievalData(
         "toy", {"q1": "json parsing", "q2": "zip archives"},
         {"d1": "json parsing of documents " * 5, "d2": "zip archives and files " * 5, "d3": "unrelated " * 5},
         {"q1": {"d1": 1}, "q2": {"d2": 1}})
@@ -198,8 +198,8 @@ def test_evaluation_table_scores_a_real_model_sensibly(minilm_path):
                  "csv": "CSV file reading and writing of comma-separated values.",
                  "time": "Time access and conversions: clocks, sleeping, formatting dates."}
     queries = {"q-json": "parse a json string", "q-zip": "open a zip archive", "q-csv": "read comma separated values"}
-    right = corpora.RetrievalSplit("right", queries, documents, {"q-json": {"json": 1}, "q-zip": {"zip": 1}, "q-csv": {"csv": 1}})
-    wrong = corpora.RetrievalSplit("wrong", queries, documents, {"q-json": {"time": 1}, "q-zip": {"csv": 1}, "q-csv": {"json": 1}})
+    right = corpora.RetrievalData("right", queries, documents, {"q-json": {"json": 1}, "q-zip": {"zip": 1}, "q-csv": {"csv": 1}})
+    wrong = corpora.RetrievalData("wrong", queries, documents, {"q-json": {"time": 1}, "q-zip": {"csv": 1}, "q-csv": {"json": 1}})
     rows = evaluate_table({"minilm": (model, [128])}, [right, wrong], progress=False, per_query=True)
     assert rows[0]["ndcg_at_10"] == pytest.approx(1.0) and rows[0]["recall_at_1"] == pytest.approx(1.0)
     assert rows[1]["ndcg_at_10"] < 0.7 and rows[1]["recall_at_1"] == 0
@@ -247,7 +247,7 @@ def test_shared_forward_gives_the_base_and_the_converted_cls_checkpoint_from_one
         shared.view("max")
 
     documents = {f"d{i}": text for i, text in enumerate(texts[:5])}
-    split = corpora.RetrievalSplit("toy", {f"q{i}": " ".join(t.split()[:6]) for i, t in enumerate(texts[:5])}, documents,
+    split = corpora.RetrievalData("toy", {f"q{i}": " ".join(t.split()[:6]) for i, t in enumerate(texts[:5])}, documents,
                                    {f"q{i}": {f"d{i}": 1} for i in range(5)})
     rows = evaluate_table({"view": (shared.view("cls"), [64]), "checkpoint": (cls_checkpoint, [64])}, [split], progress=False)
     assert rows[0]["ndcg_at_10"] == rows[1]["ndcg_at_10"] and rows[0]["recall_at_1"] == rows[1]["recall_at_1"]
