@@ -331,25 +331,6 @@ def _add_evaluate(subparsers) -> None:
     parser.set_defaults(handler=_run_evaluate)
 
 
-def _retrievers(args, models: dict):
-    from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever, MultiVectorRetriever
-
-    retrievers = []
-    for name, model in models.items():
-        is_lmk = getattr(getattr(model, "config", None), "model_type", None) == "lmk_embedder"
-        extra = {"schedule": args.schedule} if args.schedule and not is_lmk and hasattr(model, "config") else {}
-        for g in (args.granularities if is_lmk and args.granularities else [None]):
-            label, options = (f"{name} g={g}", {"granularity": g}) if g else (name, {})
-            retrievers.append(DenseRetriever(model, label, batch_size=args.batch_size, **options, **extra))
-            if is_lmk and args.multi_vector and model.config.pooling in ("lmk", "mean@k"):
-                for mode in ("max", "hybrid"):
-                    retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector {mode}", mode=mode,
-                                                           batch_size=args.batch_size, **options))
-    if args.bm25:
-        retrievers.append(BM25Retriever())
-    return retrievers
-
-
 def _stdlib_pages():
     from lmk_embed_tools.training.stdlib_corpus import module_pages
 
@@ -405,6 +386,7 @@ def _jobs(args, count_tokens) -> list:
 def _run_evaluate(args) -> int:
     from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, load_model
     from lmk_embed_tools.evaluation.report import card_records, write_report
+    from lmk_embed_tools.evaluation.retrievers import build_retrievers
     from lmk_embed_tools.evaluation.synthetic import token_counter
     from lmk_embed_tools.evaluation.table import format_length_table
 
@@ -422,7 +404,9 @@ def _run_evaluate(args) -> int:
         count_tokens = token_counter(next(iter(models.values())).tokenizer) if models else None
     jobs = _jobs(args, count_tokens)
     cache_dir = None if args.no_cache else (args.cache_dir or Path(args.out) / "cache")
-    rows = evaluate_jobs(_retrievers(args, models), jobs, cache_dir=cache_dir)
+    retrievers = build_retrievers(models, batch_size=args.batch_size, granularities=args.granularities,
+                                  multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25)
+    rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir)
     settings = {k: v for k, v in vars(args).items() if k not in ("handler",)}
     written = write_report(rows, args.out, settings)
     for metric in ("ndcg_at_1", "ndcg_at_10"):

@@ -171,3 +171,24 @@ class BM25Retriever:
         scores = np.stack([retriever.get_scores(tokens) for tokens in tokenized]).astype(np.float32)
         self.scoring_seconds = time.perf_counter() - started
         return scores
+
+
+def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, multi_vector: bool = False,
+                     schedule: str | None = None, bm25: bool = False) -> list:
+    """The rows of a length curve: a `DenseRetriever` per model ({row name: model}); for LMK models one
+    per inference granularity in `granularities` and, with `multi_vector`, landmark max and hybrid
+    rows from the same pass; recurrent models take `schedule`; BM25 last when asked for."""
+    retrievers = []
+    for name, model in models.items():
+        is_lmk = getattr(getattr(model, "config", None), "model_type", None) == "lmk_embedder"
+        extra = {"schedule": schedule} if schedule and not is_lmk and hasattr(model, "config") else {}
+        for g in (granularities if is_lmk and granularities else [None]):
+            label, options = (f"{name} g={g}", {"granularity": g}) if g else (name, {})
+            retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))
+            if is_lmk and multi_vector and model.config.pooling in ("lmk", "mean@k"):
+                for mode in ("max", "hybrid"):
+                    retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector {mode}", mode=mode,
+                                                           batch_size=batch_size, **options))
+    if bm25:
+        retrievers.append(BM25Retriever())
+    return retrievers
