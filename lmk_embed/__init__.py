@@ -1,9 +1,10 @@
 """Long-context text embedders packaged as Hugging Face Hub models.
 
-Every other file in this folder is shipped inside every checkpoint, as is: a checkpoint's code is
-a copy of this folder less this `__init__`. The files import each other only by relative import,
-because transformers' remote-code loader copies a module's same-folder relative imports and
-nothing else. Tooling (conversion, training, evaluation, cards, publishing) lives outside.
+Every other file in this folder is shipped inside checkpoints, as is: a checkpoint's code is its
+family's files plus the shared ones (`shipped_files(family)`), copied from this folder. The files
+import each other only by relative import, because transformers' remote-code loader copies a
+module's same-folder relative imports and nothing else; each family's set holds everything its
+files import. Tooling (conversion, training, evaluation, cards, publishing) lives outside.
 """
 
 from pathlib import Path
@@ -43,9 +44,28 @@ def lora_target_modules(backbone_type: str):
     return LORA_TARGET_MODULES.get(backbone_type, DEFAULT_LORA_TARGET_MODULES)
 
 
-def shipped_files() -> list[Path]:
-    """The .py files every checkpoint ships: this folder's files, less `__init__.py`."""
-    return sorted(p for p in PACKAGE_DIR.glob("*.py") if p.name != "__init__.py")
+# The .py files a checkpoint of each family ships: its own (the `AUTO_MAPS` modules and what they
+# import), then the shared ones: the encode engine, the sentence-transformers module (modules.json
+# names it) and the one door into other libraries' internals. tests/test_layout.py checks that each
+# set holds every file its files import.
+SHARED_FILES = ("compat.py", "encoding.py", "st_module.py")
+FAMILY_FILES = {
+    "lmk_embedder": ("configuration_lmk.py", "modeling_lmk.py", "tokenization_lmk.py", *SHARED_FILES),
+    "recurrent_embedder": (
+        "configuration_recurrent.py", "modeling_recurrent.py", "modeling_rwkv7.py", "tokenization_recurrent.py",
+        *SHARED_FILES,
+    ),
+}
+
+
+def shipped_files(family: str | None = None) -> list[Path]:
+    """The .py files a checkpoint of `family` (its `model_type`) ships; None: every shipped file
+    (this folder's files, less `__init__.py`)."""
+    if family is None:
+        return sorted(p for p in PACKAGE_DIR.glob("*.py") if p.name != "__init__.py")
+    if family not in FAMILY_FILES:
+        raise ValueError(f"Unknown family {family!r}; expected one of {sorted(FAMILY_FILES)}.")
+    return sorted(PACKAGE_DIR / name for name in FAMILY_FILES[family])
 
 
 def _register_auto_classes() -> None:
@@ -64,7 +84,7 @@ def _register_auto_classes() -> None:
 _register_auto_classes()
 
 __all__ = [
-    "AUTO_MAPS", "lora_target_modules", "LMKConfig", "LMKModel", "LMKTokenizer", "RecurrentEmbedConfig", "RecurrentEmbedModel",
-    "RecurrentEmbedTokenizer", "shipped_files",
+    "AUTO_MAPS", "FAMILY_FILES", "lora_target_modules", "LMKConfig", "LMKModel", "LMKTokenizer", "RecurrentEmbedConfig", "RecurrentEmbedModel",
+    "RecurrentEmbedTokenizer", "SHARED_FILES", "shipped_files",
 ]
 __version__ = "0.1.0"

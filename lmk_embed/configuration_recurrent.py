@@ -6,6 +6,8 @@ from __future__ import annotations
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from .compat import restore_transformers_model_types
+
 SCHEDULES = ("auto", "horizontal", "vertical")
 AUTO = "auto"
 # The CPU block rule's budget: a block's per-layer working set should stay in the caches of a few
@@ -37,24 +39,10 @@ def register_external_backbone(backbone_config) -> None:
             f"This checkpoint's backbone is {model_type!r}, which {package} provides: install the "
             f"`{extra}` extra (pip install 'lmk-embed[{extra}]'). Importing {module} failed: {error}"
         ) from error
-    restore_transformers_model_types()
-
-
-def restore_transformers_model_types() -> None:
-    """Undo external packages' overrides of transformers' own model types.
-
-    Importing any fla model imports them all, and fla registers its own `mamba2`, `mamba` and
-    `bitnet` with `exist_ok=True`: afterwards `AutoConfig` / `AutoModel` would build fla's
-    Triton-only Mamba2 for every Mamba2 checkpoint in the process. The registry is transformers'
-    `CONFIG_MAPPING._extra_content` (private, so read defensively)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
-
-    registry = getattr(CONFIG_MAPPING, "_extra_content", None)
-    if not isinstance(registry, dict):
-        return
-    for name, config_class in list(registry.items()):
-        if name in CONFIG_MAPPING_NAMES and config_class.__module__.split(".")[0] in {"fla"}:
-            del registry[name]
+    # Importing any fla model imports them all, and fla registers its own `mamba2`, `mamba` and `bitnet`
+    # with `exist_ok=True`: AutoConfig / AutoModel would then build fla's Triton-only Mamba2 for every
+    # Mamba2 checkpoint in the process. Point those types back at transformers' own classes.
+    restore_transformers_model_types(module.split(".")[0])
 
 
 class RecurrentEmbedConfig(PretrainedConfig):

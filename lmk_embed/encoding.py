@@ -24,11 +24,14 @@ number of threads may encode with one model.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import warnings
+import weakref
 from collections.abc import Iterator
 from copy import deepcopy
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,6 +44,7 @@ except ImportError:  # pragma: no cover
 
 # Show a progress bar by default from this many batches on.
 PROGRESS_MIN_BATCHES = 8
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # The `from_pretrained` arguments that say where a checkpoint's files are; its tokenizer gets them too.
 TOKENIZER_LOADING_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
 
@@ -154,6 +158,11 @@ def last_safe_cut(text: str) -> int:
     return last
 
 
+# Each tokenizer's private backend copy, (vocabulary size, copy), kept beside the tokenizer rather
+# than in its attributes; an entry goes when its tokenizer does.
+_CONTENT_BACKENDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def content_backend(tokenizer):
     """A private copy of `tokenizer.backend_tokenizer` that never truncates or pads and keeps
     literal special tokens ("[SEP]", "</s>") as plain text.
@@ -163,14 +172,14 @@ def content_backend(tokenizer):
     """
     shared = tokenizer.backend_tokenizer
     key = shared.get_vocab_size(with_added_tokens=True)
-    cached = tokenizer.__dict__.get("_content_backend")
+    cached = _CONTENT_BACKENDS.get(tokenizer)
     if cached is not None and cached[0] == key:
         return cached[1]
     backend = deepcopy(shared)
     backend.no_truncation()
     backend.no_padding()
     backend.encode_special_tokens = True
-    tokenizer.__dict__["_content_backend"] = (key, backend)  # one atomic store: a racing thread builds an equal copy
+    _CONTENT_BACKENDS[tokenizer] = (key, backend)  # one store: a racing thread builds an equal copy
     return backend
 
 
@@ -213,6 +222,14 @@ def check_tokenizer_call(owner: str, text, kwargs: dict, padding, return_tensors
     if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
         raise TypeError("`text` must be a string or a list of strings.")
     return single, list(texts)
+
+
+def write_tokenizer_options(folder, options: dict) -> None:
+    """Set `options` in `folder`'s tokenizer_config.json, the standalone tokenizer's defaults."""
+    path = Path(folder) / TOKENIZER_CONFIG_FILE
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved.update(options)
+    path.write_text(json.dumps(saved, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 class ModelInputs(dict):
@@ -275,7 +292,12 @@ class EncoderMixin:
         """`PreTrainedModel.save_pretrained`, and the tokenizer beside the weights: `encode()` needs it,
         so the saved folder loads and encodes on its own. The tokenizer is the one this model holds,
         else the one it was loaded with (read now, from there; a warning says so when that fails).
-        A model built from a config alone has neither: it saves without one."""
+        A model built from a config alone has neither: it saves without one.
+
+        The saved tokenizer_config.json's options are then rewritten from the config
+        (`config.tokenizer_options()`): the model passes its config's options to the tokenizer, and the
+        copy there is only the default of the tokenizer used on its own, which must say what the config
+        says (training may have changed it). The tokenizer object itself is left as it is."""
         saved = super().save_pretrained(save_directory, *args, **kwargs)
         if not kwargs.get("is_main_process", True):
             return saved
@@ -289,6 +311,7 @@ class EncoderMixin:
                               "`model.tokenizer` to this model's tokenizer and save again.", stacklevel=2)
         if tokenizer is not None:
             tokenizer.save_pretrained(save_directory)
+            write_tokenizer_options(save_directory, self.config.tokenizer_options())
         return saved
 
     def max_positions(self) -> int | None:

@@ -98,9 +98,9 @@ class EmbedderModule(InputModule):
         return features
 
     def save(self, output_path: str, *args, **kwargs) -> None:
-        """Write the model (safetensors, always), its tokenizer and this module's config."""
+        """Write the model (safetensors, always), its tokenizer and this module's config. The model's
+        save_pretrained saves the tokenizer too, with its options mirrored from the config."""
         self.model.save_pretrained(output_path, safe_serialization=True)
-        self.tokenizer.save_pretrained(output_path)
         self.save_config(output_path)
 
     @classmethod

@@ -4,23 +4,26 @@
                    [--commit-message MSG] [--stage-dir DIR] [--max-file-mb 50]
     lmk-embed push ...   (the same)
 
-1. stage: copy an allow-list of files into a clean staging folder: safetensors weights, config
-   and tokenizer files, the sentence-transformers files, the card, its plots and the run/results
-   files. The shipped .py files come from `lmk_embed/`'s current source, so a checkpoint
-   never ships stale code. Refused (non-zero exit, with the reason): pickled weights (.bin, .pt,
-   .pkl, ...), non-weight files over --max-file-mb, `.env` files, weights with a NaN or inf in any
-   tensor (every tensor is read, one at a time), and anything that looks like a Hub token (`hf_` + 30
-   characters) or a private key, in any file: PNG text chunks (tEXt, and zTXt / iTXt decompressed)
-   and safetensors metadata and tensor names included. Files outside the allow-list are listed and left out.
-2. validate: check the card's metadata, that the staged .py files equal the shipped folder's and
-   that every code file config.json / tokenizer_config.json `auto_map` and modules.json name is
-   staged. Then load the staged folder as a user would, in a clean process: an empty working
-   directory, no project import possible (this repository off sys.path, `lmk_embed` and
-   `lmk_embed_tools` unimportable), a temporary HF_MODULES_CACHE, offline; with AutoModel and
-   SentenceTransformer, by path and by REPO_ID from a Hub-cache layout, each class coming from the
-   staged files (`transformers_modules.*`). Embed a fixed probe set and compare with the source
-   checkpoint's vectors, computed in this process with the current classes (max abs diff
-   <= 1e-5). Any failure stops the push; the message's first line names what failed.
+1. stage: copy an allow-list of files into a clean staging folder: safetensors weights, config and
+   tokenizer files, the sentence-transformers files, the card, its plots and the run/results files.
+   The shipped .py files are the checkpoint family's (`lmk_embed.shipped_files(family)`) and come
+   from `lmk_embed/`'s current source, so a checkpoint never ships stale code, nor another family's
+   (an older checkpoint's copies of those are left out). Refused (non-zero exit, with the reason):
+   pickled weights (.bin, .pt, .pkl, ...), non-weight files over --max-file-mb, `.env` files,
+   weights with a NaN or inf in any tensor (every tensor is read, one at a time), and anything that
+   looks like a Hub token (`hf_` + 30 characters) or a private key, in any file: PNG text chunks
+   (tEXt, and zTXt / iTXt decompressed) and safetensors metadata and tensor names included. Files
+   outside the allow-list are listed and left out.
+2. validate: check the card's metadata, that the staged .py files are exactly the family's shipped
+   files (the same names, the same bytes) and that every code file config.json /
+   tokenizer_config.json `auto_map` and modules.json name is staged. Then load the staged folder as
+   a user would, in a clean process: an empty working directory, no project import possible (this
+   repository off sys.path, `lmk_embed` and `lmk_embed_tools` unimportable), a temporary
+   HF_MODULES_CACHE, offline; with AutoModel and SentenceTransformer, by path and by REPO_ID from a
+   Hub-cache layout, each class coming from the staged files (`transformers_modules.*`). Embed a
+   fixed probe set and compare with the source checkpoint's vectors, computed in this process with
+   the current classes (max abs diff <= 1e-5). Any failure stops the push; the message's first line
+   names what failed.
 3. upload: `HfApi.create_repo(exist_ok=True)`, then `upload_folder` (optionally to a branch) with
    `delete_patterns=["*"]`, so the remote mirrors the staged folder and no file of an earlier push
    survives, and `create_tag`. Unchanged files are not sent again (upload_folder skips them). The
@@ -183,7 +186,8 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
         raise PushError(f"{source} is not a checkpoint folder.")
     if (source / "adapter_config.json").exists():
         raise PushError(f"{source} holds a LoRA adapter, not a full checkpoint: merge it (save_mode='merged') first.")
-    family_of(source)
+    family = family_of(source)
+    code = shipped_files(family)
     files = _relative_files(source)
     refusals = []
     for name in files:
@@ -205,7 +209,7 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
                 except ValueError as error:
                     refusals.append(f"{name}: {error}")
             refusals.extend(f"{name}: {problem}" for problem in secrets_in(texts))
-    for path in shipped_files():  # staged from the current source, so scanned there
+    for path in code:  # staged from the current source, so scanned there
         refusals.extend(f"{path.name} (current source): {problem}" for problem in secrets_in([path.read_bytes()]))
     if refusals:
         raise PushError("refusing to stage " + str(source) + ":\n  " + "\n  ".join(refusals))
@@ -221,8 +225,8 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
         shutil.rmtree(target)
     target.mkdir(parents=True)
     report = StageReport(folder=target)
-    shipped = {path.name for path in shipped_files()}
-    for name in files:
+    shipped = {path.name for path in code}
+    for name in files:  # other .py files, another family's shipped code included, are left out
         if name in shipped:
             continue
         if name in ALLOWED_NAMES or name.endswith(ALLOWED_SUFFIXES):
@@ -230,7 +234,7 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
             shutil.copy2(source / name, target / name)
         else:
             report.left_out.append(name)
-    for path in shipped_files():  # the current source, never what an older checkpoint carried
+    for path in code:  # the current source, never what an older checkpoint carried
         shutil.copyfile(path, target / path.name)
     for name in shipped:
         old = source / name
@@ -358,15 +362,22 @@ def _named_modules(folder: Path) -> list[tuple[str, str]]:
 
 
 def check_staged_code(staged: str | Path) -> None:
-    """The staged .py files equal the shipped folder's, and every code file the metadata names is staged."""
+    """The staged .py files are exactly the family's shipped files (the same names and bytes), and every
+    code file the metadata names is staged."""
     staged = Path(staged)
+    family = family_of(staged)
     problems = []
-    for path in shipped_files():
+    code = shipped_files(family)
+    for path in code:
         copy = staged / path.name
         if not copy.is_file():
             problems.append(f"{path.name} is missing")
         elif copy.read_bytes() != path.read_bytes():
             problems.append(f"{path.name} differs from the shipped {path}")
+    expected = {path.name for path in code}
+    for name in _relative_files(staged):
+        if name.endswith(".py") and name not in expected:
+            problems.append(f"{name} is not one of the {family} files {sorted(expected)}")
     for where, filename in _named_modules(staged):
         if not (staged / filename).is_file():
             problems.append(f"{where} needs {filename}, which the staged folder does not have")

@@ -1,5 +1,6 @@
-"""The house: the shipped folder holds only shipped code, checkpoints carry exactly that code, and no
-package of ours imports a package that imports it back."""
+"""The house: the shipped folder holds only shipped code, a checkpoint carries exactly its family's
+share of it (which imports nothing it does not carry), and no package of ours imports a package that
+imports it back."""
 
 import ast
 from pathlib import Path
@@ -13,12 +14,13 @@ TOOLS = "lmk_embed_tools"
 # Our units (the shipped package, the tooling package's parts, the benchmarks) and the ones each may import.
 ALLOWED_IMPORTS = {
     "lmk_embed": set(),
+    f"{TOOLS}.compat": set(),  # the one door into other libraries' internals
     f"{TOOLS}.model_cards": {"lmk_embed"},
-    f"{TOOLS}.evaluation": {"lmk_embed"},
+    f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat"},
     f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation"},  # the evaluation split type
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
-    f"{TOOLS}.corpus": set(),
+    f"{TOOLS}.corpus": {f"{TOOLS}.compat"},
     f"{TOOLS}.cli": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "corpus", "demo"))},
     f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push"))},
     f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation"},
@@ -70,7 +72,8 @@ def test_every_python_file_belongs_to_a_unit():
     """The walk above covers the whole tree (tests aside): nothing sits outside a checked unit."""
     covered = {f for unit in ALLOWED_IMPORTS for f in unit_files(unit)}
     covered |= set((ROOT / TOOLS).glob("*.py"))  # the tooling package's own __init__
-    every = {p for p in ROOT.rglob("*.py") if not {".venv", "tests", "runs", ".git"} & set(p.relative_to(ROOT).parts)}
+    ignored = {".venv", "tests", "runs", ".git", "build", "dist"}  # build outputs hold copies of the packages
+    every = {p for p in ROOT.rglob("*.py") if not ignored & set(p.relative_to(ROOT).parts)}
     assert every - covered == set()
 
 
@@ -85,10 +88,45 @@ def test_shipped_files_import_only_each_other_and_allowed_libraries():
         assert not foreign, f"{path.name} imports {sorted(foreign)}"
 
 
-@pytest.mark.parametrize("checkpoint", ["lmk_checkpoint", "mamba2_checkpoint"])
-def test_checkpoint_code_is_exactly_the_shipped_folder(checkpoint, request):
+def relative_imports(path: Path) -> set[str]:
+    """The same-folder files `path` imports by relative import: `from .encoding import x` -> "encoding.py"."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.level == 1, f"{path.name}: shipped files import only from their own folder"
+            names.update([f"{node.module}.py"] if node.module else (f"{alias.name}.py" for alias in node.names))
+    return names
+
+
+@pytest.mark.parametrize("family", sorted(lmk_embed.AUTO_MAPS))
+def test_a_family_ships_every_file_its_files_import(family):
+    """Closed under relative imports: a checkpoint's code imports nothing the checkpoint lacks. It also
+    holds the modules its config's `auto_map` and its modules.json name."""
+    files = {path.name: path for path in lmk_embed.shipped_files(family)}
+    assert all(path.is_file() for path in files.values())
+    for name, path in files.items():
+        missing = relative_imports(path) - set(files)
+        assert not missing, f"{name} imports {sorted(missing)}, which a {family} checkpoint does not ship"
+    references = [ref for value in lmk_embed.AUTO_MAPS[family].values() for ref in (value if isinstance(value, list) else [value])]
+    named = {ref.rsplit(".", 1)[0] + ".py" for ref in references if ref} | {"st_module.py"}
+    assert named <= set(files)
+
+
+def test_every_shipped_file_belongs_to_a_family_and_only_shared_files_to_both():
+    every = {path.name for path in lmk_embed.shipped_files()}
+    sets = {family: {path.name for path in lmk_embed.shipped_files(family)} for family in lmk_embed.AUTO_MAPS}
+    assert set().union(*sets.values()) == every
+    assert sets["lmk_embedder"] & sets["recurrent_embedder"] == set(lmk_embed.SHARED_FILES)
+    with pytest.raises(ValueError, match="Unknown family 'bert'"):
+        lmk_embed.shipped_files("bert")
+
+
+@pytest.mark.parametrize("checkpoint, family", [("lmk_checkpoint", "lmk_embedder"), ("mamba2_checkpoint", "recurrent_embedder")])
+def test_checkpoint_code_is_exactly_the_family_file_set(checkpoint, family, request):
     folder = Path(request.getfixturevalue(checkpoint))
-    shipped = {p.name: p.read_bytes() for p in lmk_embed.shipped_files()}
+    shipped = {p.name: p.read_bytes() for p in lmk_embed.shipped_files(family)}
     in_checkpoint = {p.name: p.read_bytes() for p in folder.glob("*.py")}
     assert in_checkpoint == shipped
-    assert "__init__.py" not in in_checkpoint and len(shipped) == 9
+    other = {p.name for p in lmk_embed.shipped_files()} - set(lmk_embed.SHARED_FILES) - set(shipped)
+    assert other and not other & set(in_checkpoint)  # an LMK checkpoint holds no recurrent file, and vice versa
+    assert "__init__.py" not in in_checkpoint

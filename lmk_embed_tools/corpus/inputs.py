@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmk_embed_tools.compat import dataset_fingerprint
+
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 _DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
@@ -206,7 +208,7 @@ def _fingerprint(source: Source, referenced=None) -> str:
     """sha256 of the file (or the dataset's own fingerprint), plus that of the text files its rows
     name (`referenced`: their digest), so that a changed document is a changed input."""
     if source.format == "datasets":
-        own = "datasets:" + load_saved_dataset(source.path)._fingerprint
+        own = "datasets:" + dataset_fingerprint(load_saved_dataset(source.path))
     else:
         digest = hashlib.sha256()
         _update(digest, source.path)

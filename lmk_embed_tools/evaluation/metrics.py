@@ -10,6 +10,8 @@ from typing import Mapping
 
 import numpy as np
 
+from lmk_embed_tools.compat import mteb_retrieval_scores
+
 K_VALUES = (1, 10)
 METRICS = ("ndcg_at_1", "ndcg_at_10", "recall_at_1", "recall_at_10", "mrr_at_10")
 
@@ -19,14 +21,7 @@ def score_run(run: Mapping[str, Mapping[str, float]], relevant: Mapping[str, Map
     """mteb's scores for `run` (query id -> {doc id: score}) against `relevant` (the qrels).
 
     Returns {"ndcg_at_1", "ndcg_at_10", "recall_at_1", "recall_at_10", "mrr_at_10", ...}."""
-    # Private module: mteb has no public entry point that scores a ready-made run, and going through
-    # it keeps one scorer for every number (tests compare it with a full `mteb.evaluate`).
-    from mteb._evaluators.retrieval_metrics import calculate_retrieval_scores, make_score_dict
-
-    result = calculate_retrieval_scores(dict(run), dict(relevant), list(k_values))
-    scores = make_score_dict(ndcg=result.ndcg, _map=result.map, recall=result.recall, precision=result.precision,
-                             mrr=result.mrr, naucs=result.naucs, naucs_mrr=result.naucs_mrr, hit_rate=result.hit_rate,
-                             task_scores={})
+    scores = mteb_retrieval_scores(dict(run), dict(relevant), list(k_values))  # the one scorer for every number
     return {key: float(value) for key, value in scores.items() if isinstance(value, (int, float))}
 
 

@@ -1,9 +1,9 @@
 """Conversion: backbones into checkpoints that satisfy the checkpoint contract.
 
 A checkpoint folder holds config.json (with `auto_map`), model.safetensors, the tokenizer files,
-the shipped package's flat .py files (copied from `lmk_embed/`, so they are never stale), and the
-sentence-transformers files: modules.json, config_sentence_transformers.json and the
-`st_module.EmbedderModule` config.
+its family's shipped .py files (`lmk_embed.shipped_files(family)`, copied from `lmk_embed/`, so
+they are never stale), and the sentence-transformers files: modules.json,
+config_sentence_transformers.json and the `st_module.EmbedderModule` config.
 """
 
 from __future__ import annotations
@@ -24,12 +24,18 @@ ST_MODULE_TYPE = "st_module.EmbedderModule"
 ST_NORMALIZE_TYPE = "sentence_transformers.base.modules.normalize.Normalize"
 
 
-def write_shipped_code(folder: str | Path) -> list[str]:
-    """Copy the shipped package's .py files (less `__init__`) into `folder`; returns their names."""
+def write_shipped_code(folder: str | Path, family: str) -> list[str]:
+    """Copy `family`'s shipped .py files (`lmk_embed.shipped_files(family)`) into `folder`; returns
+    their names. Another family's shipped files left in `folder` (a folder converted before) go, so
+    the folder's code is exactly the family's; other .py files are not touched."""
+    folder = Path(folder)
     names = []
-    for path in shipped_files():
-        shutil.copyfile(path, Path(folder) / path.name)
+    for path in shipped_files(family):
+        shutil.copyfile(path, folder / path.name)
         names.append(path.name)
+    for path in shipped_files():
+        if path.name not in names:
+            (folder / path.name).unlink(missing_ok=True)
     return names
 
 
@@ -66,12 +72,13 @@ def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
     auto_map = AUTO_MAPS[family]
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
-    write_shipped_code(folder)
+    write_shipped_code(folder, family)
     _update_json(folder / "config.json", auto_map=auto_map)
     _update_json(
         folder / "tokenizer_config.json",
         auto_map={"AutoTokenizer": auto_map["AutoTokenizer"]},
         tokenizer_class=TOKENIZER_CLASSES[family],
+        **model.config.tokenizer_options(),  # the standalone tokenizer's defaults mirror the config
     )
     write_sentence_transformers_files(folder, model)
     return folder

@@ -49,13 +49,11 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
     passage_max_length: int = 512
     drawn: list = field(default_factory=list)
 
-    # The two methods below are private in sentence-transformers' collator; it has no public hook for
-    # per-column max lengths, so they are overridden here (and checked by the collator tests).
-    def _get_task_for_column(self, column_name, column_position, router_mapping):
-        return "query" if column_position == 0 else "passage"
-
-    def _get_max_length_for_task(self, task):
-        return self.query_max_length if task == "query" else self.passage_max_length
+    def column_tasks(self, columns) -> dict[str, str]:
+        """The role of each column: the first text column holds queries, the others passages
+        (the label column and `dataset_name` are not text columns)."""
+        texts = [name for name in columns if name != "dataset_name" and name not in self.valid_label_columns]
+        return {name: "query" if position == 0 else "passage" for position, name in enumerate(texts)}
 
     def __call__(self, features):
         draw = getattr(self.embedder, "draw_batch_granularity", None)
@@ -63,6 +61,10 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
             granularity = draw()
             if granularity is not None:
                 self.drawn.append(granularity)
+        # The collator's public options: `router_mapping` gives each column its task and a `max_length`
+        # dict each task its budget (set per call: the columns are known only here).
+        self.router_mapping = self.column_tasks(features[0]) if features else {}
+        self.max_length = {"query": self.query_max_length, "passage": self.passage_max_length}
         batch = super().__call__(features)
         for key in [k for k in batch if k.endswith("_task")]:  # column roles, not model inputs
             del batch[key]

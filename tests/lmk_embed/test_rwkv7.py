@@ -264,3 +264,41 @@ def test_fla_does_not_take_over_transformers_mamba2(tmp_path):
     assert CONFIG_MAPPING["mamba2"] is Mamba2Config
     config = RecurrentEmbedConfig(backbone_config=tiny_mamba2_config().to_dict())
     assert type(config.backbone_config) is Mamba2Config
+
+
+FLA_THEN_MAMBA2 = r"""
+import json, sys
+from transformers import CONFIG_MAPPING, AutoModel
+
+rwkv7 = AutoModel.from_pretrained({rwkv7!r}, trust_remote_code=True)  # this process's first import of fla
+fla_imported = "fla.models.mamba2" in sys.modules  # which registers fla's own, Triton-only `mamba2`
+mamba2 = AutoModel.from_pretrained({mamba2!r}, trust_remote_code=True)
+print(json.dumps({{
+    "fla_imported": fla_imported,
+    "modules": [type(m).__module__.split(".")[0] for m in (rwkv7, mamba2)],
+    "rwkv7_backbone": type(rwkv7.backbone).__module__,
+    "mamba2_backbone": type(mamba2.backbone).__module__,
+    "mamba2_config": type(mamba2.config.backbone_config).__module__,
+    "registry": {{name: CONFIG_MAPPING[name].__module__ for name in ("mamba2", "mamba", "bitnet", "rwkv7", "gla")}},
+    "shape": list(mamba2.encode("hello world").shape),
+}}))
+"""
+
+
+@needs_fla
+def test_a_mamba2_checkpoint_loaded_after_an_rwkv7_one_is_transformers_mamba2(rwkv7_checkpoint, mamba2_checkpoint, tmp_path):
+    """As a user would: one clean process loads an RWKV-7 checkpoint (importing fla takes over `mamba2`),
+    then a Mamba2 one, both through their shipped code. The Mamba2 backbone is transformers' own (fla's
+    would need Triton), and fla keeps its own model types: only what it took over is pointed back."""
+    from tests.helpers import run_fresh_python
+
+    report = run_fresh_python(FLA_THEN_MAMBA2.format(rwkv7=str(rwkv7_checkpoint), mamba2=str(mamba2_checkpoint)),
+                              cwd=tmp_path, env_extra={"HF_MODULES_CACHE": str(tmp_path / "modules")})
+    assert report["fla_imported"] and report["modules"] == ["transformers_modules"] * 2
+    assert report["rwkv7_backbone"].startswith("fla.models.rwkv7")
+    assert report["mamba2_backbone"] == "transformers.models.mamba2.modeling_mamba2"
+    assert report["mamba2_config"] == "transformers.models.mamba2.configuration_mamba2"
+    assert report["registry"]["mamba2"] == "transformers.models.mamba2.configuration_mamba2"
+    assert report["registry"]["mamba"].startswith("transformers.") and report["registry"]["bitnet"].startswith("transformers.")
+    assert report["registry"]["rwkv7"].startswith("fla.") and report["registry"]["gla"].startswith("fla.")
+    assert report["shape"] == [64]

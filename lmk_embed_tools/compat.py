@@ -1,0 +1,67 @@
+"""The tooling's one door into other libraries' private internals, each behind a version guard.
+
+Each function here reaches into something a library does not promise to keep, because no public
+API does the job. It first checks the library's installed version against the range the reach was
+tested with, and outside it fails at once with an error that names the installed version, rather
+than computing something wrong. Everything else in the tooling uses public APIs. This module
+imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+# The versions each library's reach below was tested with.
+TESTED = {
+    "mteb": SpecifierSet(">=2,<3"),
+    "datasets": SpecifierSet(">=4,<6"),  # the train / scale extras need datasets>=4; 5.2.0 is pinned
+}
+
+
+class UntestedVersionError(RuntimeError):
+    """A library's installed version is outside the range a private reach was tested with."""
+
+
+def check_tested(module, purpose: str) -> None:
+    """Raise `UntestedVersionError`, naming the installed version, unless `module.__version__` is in
+    the tested range of its library (`TESTED`)."""
+    name = module.__name__.split(".")[0]
+    tested, installed = TESTED[name], str(getattr(module, "__version__", "unknown"))
+    try:
+        ok = tested.contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise UntestedVersionError(
+            f"{purpose} uses private {name} internals, tested with {name}{tested}; {name} {installed} is "
+            f"installed. Install a tested version (pip install '{name}{tested}')."
+        )
+
+
+def mteb_retrieval_scores(run: dict, relevant: dict, k_values: list[int]) -> dict:
+    """mteb's own retrieval scores of a ready-made `run` (query id -> {doc id: score}) against the
+    qrels `relevant`: the dict `mteb.evaluate` reports for a retrieval task (pytrec_eval underneath).
+
+    Private: mteb has no public entry point that scores a run it did not make (`mteb._evaluators`)."""
+    import mteb
+
+    check_tested(mteb, "Scoring a retrieval run with mteb's scorer")
+    from mteb._evaluators.retrieval_metrics import calculate_retrieval_scores, make_score_dict
+
+    result = calculate_retrieval_scores(run, relevant, k_values)
+    return make_score_dict(ndcg=result.ndcg, _map=result.map, recall=result.recall, precision=result.precision,
+                           mrr=result.mrr, naucs=result.naucs, naucs_mrr=result.naucs_mrr, hit_rate=result.hit_rate,
+                           task_scores={})
+
+
+def dataset_fingerprint(dataset) -> str:
+    """The fingerprint `datasets` keeps for a dataset (`Dataset._fingerprint`): it changes whenever the
+    data does, so a saved dataset need not be hashed byte by byte. Private: there is no public accessor."""
+    import datasets
+
+    check_tested(datasets, "Fingerprinting a saved dataset")
+    return str(dataset._fingerprint)
+
+
+__all__ = ["TESTED", "UntestedVersionError", "check_tested", "dataset_fingerprint", "mteb_retrieval_scores"]
