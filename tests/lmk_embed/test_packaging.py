@@ -70,6 +70,7 @@ def check_contract(checkpoint, tmp_path, lora_targets, texts=TEXTS):
     return reports
 
 
+@pytest.mark.slow
 def test_lmk_checkpoint_contract(minilm_lmk_checkpoint, tmp_path):
     reports = check_contract(minilm_lmk_checkpoint, tmp_path, ["query", "value"])
     assert reports["folder"]["auto_class"] == "LMKModel"
@@ -121,6 +122,7 @@ def test_loading_without_trust_remote_code_is_refused(minilm_lmk_checkpoint):
         SentenceTransformer(str(minilm_lmk_checkpoint), trust_remote_code=False)
 
 
+@pytest.mark.slow
 def test_cli_converters(modernbert_source, mamba2_lm, tmp_path):
     import subprocess
     import sys

@@ -331,6 +331,7 @@ def test_card_with_training_run(lmk_copy):
     assert "Splitter while training | `variable` over [16, 32]" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["lmk_copy", "recurrent_copy"])
 def test_card_snippets_run(which, request, tmp_path):
     folder = request.getfixturevalue(which)

@@ -163,6 +163,7 @@ encode_corpus(sys.argv[1], sys.argv[2], sys.argv[3], shard_size=64, batch_size=1
 """
 
 
+@pytest.mark.slow
 def test_sigkill_then_two_local_workers_finish_the_run(tmp_path, clean_run, lmk_checkpoint, jsonl):
     """A run killed inside shard 2 keeps shards 0 and 1; two worker processes write shards 2 and 3,
     and the output equals an uninterrupted one-process run (so 2 workers == 1 worker, too)."""
@@ -405,6 +406,7 @@ def test_truncated_texts_are_counted(tmp_path, lmk_checkpoint, lmk_model, texts)
 # ---- the ray engine ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ray_engine_resumes_and_equals_local(tmp_path, clean_run, lmk_checkpoint, jsonl):
     """Two Ray Data actors finish a run that lost two shards: those two are rewritten, the others kept."""
     pytest.importorskip("ray", reason="the `scale` extra is not installed (pip install -e '.[scale]'); Ray tests need it")

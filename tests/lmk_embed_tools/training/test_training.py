@@ -224,6 +224,7 @@ def test_set_dropout_reaches_a_float_attention_attribute():
     assert (model[0].attention_dropout, model[0].out_drop.p, model[1].p) == (0.05, 0.3, 0.3)
 
 
+@pytest.mark.slow
 def test_loss_decreases(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
     config = run_config(minilm_lmk_checkpoint, tmp_path, data=toy_jsonl, finetune="full", learning_rate=5e-5,
                         max_steps=12, num_train_epochs=100)
@@ -294,6 +295,7 @@ def test_side_by_side_names_the_failed_run_and_bad_arguments(lmk_checkpoint, tmp
         train_side_by_side({})
 
 
+@pytest.mark.slow
 def test_side_by_side_workers_stop_when_the_caller_is_killed(lmk_checkpoint, tmp_path, toy_jsonl):
     import dataclasses
 
@@ -345,6 +347,7 @@ def test_lora_adapter_round_trip(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
     assert np.abs(untouched - trained).max() > 1e-4  # the adapter did change the model
 
 
+@pytest.mark.slow
 def test_merged_checkpoint_passes_the_contract(minilm_lmk_checkpoint, tmp_path, toy_jsonl):
     from tests.lmk_embed.test_packaging import check_contract
 
@@ -445,6 +448,7 @@ def write_cli_config(tmp_path, checkpoint, data, **overrides):
     return path
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill(lmk_checkpoint, tmp_path):
     data = write_jsonl(toy_rows(64), tmp_path / "d.jsonl")
     config = write_cli_config(tmp_path, lmk_checkpoint, data, max_steps=3000, save_steps=10, save_total_limit=None)
@@ -472,6 +476,7 @@ def test_resume_after_sigkill(lmk_checkpoint, tmp_path):
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_two_process_ddp_with_gloo(lmk_checkpoint, tmp_path):
     data = write_jsonl(toy_rows(32), tmp_path / "d.jsonl")
     config = write_cli_config(tmp_path, lmk_checkpoint, data, max_steps=3, save_steps=1000, ddp_backend="gloo",
