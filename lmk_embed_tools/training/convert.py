@@ -70,15 +70,14 @@ def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     family = model.config.model_type
     auto_map = AUTO_MAPS[family]
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    model.tokenizer = tokenizer
+    model.save_pretrained(folder, safe_serialization=True)  # the tokenizer too, its options mirroring the config
     write_shipped_code(folder, family)
     _update_json(folder / "config.json", auto_map=auto_map)
     _update_json(
         folder / "tokenizer_config.json",
         auto_map={"AutoTokenizer": auto_map["AutoTokenizer"]},
         tokenizer_class=TOKENIZER_CLASSES[family],
-        **model.config.tokenizer_options(),  # the standalone tokenizer's defaults mirror the config
     )
     write_sentence_transformers_files(folder, model)
     return folder
@@ -103,9 +102,9 @@ def backbone_config_dict(backbone) -> dict:
     return config
 
 
-def copy_backbone_weights(target: torch.nn.Module, source: torch.nn.Module, ignore_prefixes=("pooler.",)) -> None:
-    """Load `source`'s weights into `target`, failing loudly on any missing weight."""
-    state, expected = source.state_dict(), target.state_dict()
+def copy_backbone_weights(target: torch.nn.Module, state: dict, ignore_prefixes=("pooler.",)) -> None:
+    """Load the backbone weights `state` (a state dict) into `target`, failing loudly on any missing weight."""
+    expected = target.state_dict()
     # Key sets compared here: some backbones (fla's RWKV-7) override load_state_dict and return nothing.
     missing = sorted(expected.keys() - state.keys())
     unexpected = sorted(key for key in state.keys() - expected.keys() if not key.startswith(ignore_prefixes))
@@ -168,7 +167,7 @@ def convert_to_lmk(
     except ValueError as error:
         hint = "" if extension else " To read longer inputs, extend the backbone with `--max-positions N`."
         raise ConversionError(f"{error}{hint}") from None
-    copy_backbone_weights(model.backbone, _StateHolder(state))
+    copy_backbone_weights(model.backbone, state)
     tokenizer = LMKTokenizer.from_pretrained(str(source), **config.tokenizer_options())
     try:
         _ = tokenizer.landmark_token_id  # fails here, clearly, for a tokenizer with neither SEP nor EOS
@@ -177,16 +176,6 @@ def convert_to_lmk(
     if extension is not None:
         tokenizer.model_max_length = extension["max_positions"]
     return save_checkpoint(model, tokenizer, output_dir)
-
-
-class _StateHolder:
-    """A state dict (possibly edited) with the `state_dict()` that `copy_backbone_weights` reads."""
-
-    def __init__(self, state: dict):
-        self._state = state
-
-    def state_dict(self) -> dict:
-        return self._state
 
 
 def _absolute_position_table(backbone) -> tuple[str, torch.nn.Embedding] | None:
@@ -297,7 +286,7 @@ def convert_to_recurrent(
     )
     model = RecurrentEmbedModel(config)
     check_position_limit("max_length", max_length, model.max_positions())
-    copy_backbone_weights(model.backbone, backbone, ignore_prefixes=())
+    copy_backbone_weights(model.backbone, backbone.state_dict(), ignore_prefixes=())
     tokenizer_source = (mamba_ssm_folder or source) if tokenizer is None else tokenizer
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(tokenizer_source), **config.tokenizer_options())
     _ = tokenizer.eos_id, tokenizer.prefix_ids  # fail here, clearly, without EOS (or BOS when asked for)
