@@ -52,7 +52,8 @@ def extended_position_table(original: torch.Tensor, method: str, max_positions: 
     return original[left] * (1 - weight) + original[right] * weight
 
 
-def extended_position_ids(attention_mask: torch.Tensor, extension: dict) -> torch.Tensor:
+def extended_position_ids(attention_mask: torch.Tensor, extension: dict, positions: torch.Tensor | None = None,
+                          lengths: torch.Tensor | None = None) -> torch.Tensor:
     """Position ids [B, T] for right-padded rows (`attention_mask` [B, T]) on an extended table.
 
     A row of L <= Lo tokens reads the original rows (`position_offset + p`): it is the base model,
@@ -62,9 +63,14 @@ def extended_position_ids(attention_mask: torch.Tensor, extension: dict) -> torc
         interpolate, group   first_row + round(p (N - 1) / (L - 1)): the input spans the whole table,
                              so the scale follows its length (PI / GP with s = L / Lo), and a
                              513-token input reads almost the same vectors as a 512-token one
+
+    `positions` [B, T] and `lengths` [B, 1] default to 0..T-1 and each row's token count. Training
+    with skipped positions (PoSE) passes a short row's virtual positions and length instead.
     """
-    lengths = attention_mask.sum(-1, keepdim=True)
-    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device).unsqueeze(0)
+    if lengths is None:
+        lengths = attention_mask.sum(-1, keepdim=True)
+    if positions is None:
+        positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device).unsqueeze(0)
     first, original, maximum = extension["first_row"], extension["original_positions"], extension["max_positions"]
     if extension["method"] == "recurrent":
         extended = first + positions
@@ -185,7 +191,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
 
     output_values = ("embedding", "landmarks")
     tokenizer_class = LMKTokenizer
-    forward_input_names = ("input_ids", "attention_mask", "landmark_mask")
+    forward_input_names = ("input_ids", "attention_mask", "landmark_mask", "position_ids")  # position_ids: optional
 
     def __init__(self, config: LMKConfig):
         super().__init__(config)
@@ -196,7 +202,6 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             self.backbone = AutoModel.from_config(config.backbone_config)
         self.pooler = POOLERS[config.pooling](config)
         self._tokenizer = None
-        self._batch_granularity = None
         self._granularity_draws = random.Random(config.splitter_seed)  # the `variable` splitter's g per batch
         self.post_init()
 
@@ -251,12 +256,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         elif splitter == "variable":  # drawing g is for training; inference uses the configured g
             splitter = "fixed"
         if granularity is None:
-            if splitter != "variable":
-                granularity = self.config.granularity
-            elif self._batch_granularity is not None:  # drawn once for the whole batch
-                granularity = self._batch_granularity
-            else:  # training, before any draw: one g now
-                granularity = self._granularity_draws.choice(self.config.granularities)
+            # Training with `variable` and no g given (the trainer passes one per batch): draw one now.
+            granularity = self.config.granularity if splitter != "variable" else self.draw_granularity()
         # Every option comes from the config (or the call): the tokenizer's own defaults are not read.
         return self.tokenizer.build_layout(
             texts,
@@ -269,12 +270,13 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             landmark=self.config.landmark_token,
         )
 
-    def draw_batch_granularity(self) -> int | None:
-        """Training with the `variable` splitter: draw g once for the next batch (queries and passages),
-        from `config.granularities` with a generator seeded by `config.splitter_seed`."""
-        variable = self.config.splitter == "variable"
-        self._batch_granularity = self._granularity_draws.choice(self.config.granularities) if variable else None
-        return self._batch_granularity
+    def draw_granularity(self) -> int | None:
+        """The `variable` splitter's g for one training batch, drawn from `config.granularities` with a
+        generator seeded by `config.splitter_seed`; None for the other splitters. The trainer passes
+        it to every column of the batch (`prepare_features(..., granularity=g)`)."""
+        if self.config.splitter != "variable":
+            return None
+        return self._granularity_draws.choice(self.config.granularities)
 
     def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool | None = None, **options):
         """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module).

@@ -66,7 +66,9 @@ class EmbedderModule(InputModule):
         return super().train(mode)
 
     def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
-        """Texts -> the model's input tensors ([B, T] each); in training mode LMK draws its variable g here.
+        """Texts -> the model's input tensors ([B, T] each). `max_length` and (LMK) `granularity` come
+        per call from the trainer's collator; an LMK model in training mode with the `variable`
+        splitter and no `granularity` draws one.
 
         At inference, the first batch of an encode call that truncates a text warns, as the
         model's own `encode()` does (once per call).
@@ -80,7 +82,8 @@ class EmbedderModule(InputModule):
             check_position_limit("max_seq_length", self.max_seq_length, self.model.max_positions())
         else:
             check_position_limit("max_length", max_length, self.model.max_positions())
-        features = self.model.prepare_features(texts, prompt=prompt or None, max_length=max_length)
+        options = {"granularity": kwargs["granularity"]} if kwargs.get("granularity") is not None else {}
+        features = self.model.prepare_features(texts, prompt=prompt or None, max_length=max_length, **options)
         truncated = getattr(features, "truncated", None)
         # Training batches are truncated on purpose (the trainer's per-column budgets): no warning.
         if not self.training and not self._truncation_reported and truncated is not None and truncated.any():

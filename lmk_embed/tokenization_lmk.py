@@ -240,6 +240,36 @@ def _pooling_mask(tokens: _Tokens, rows: _Rows, pooling: str, has_start: int) ->
 _DRAWS: "weakref.WeakKeyDictionary[LMKTokenizer, random.Random]" = weakref.WeakKeyDictionary()
 
 
+def reference_layout(content: list[int], granularity: int, max_length: int | None, start_id: int, landmark_id: int,
+                     sentence_ends=()) -> tuple[list[int], list[int]]:
+    """Algorithm 1 for one text, as a plain loop: the minimal reference that the vectorised path
+    above (`_segment` .. `_pooling_mask`) is tested against.
+
+    [CLS] z1 [LMK] ... zn [LMK] from the text's content ids: a chunk ends after `granularity` tokens,
+    at a sentence end (`sentence_ends`: the content indices after which a sentence ends) or at the
+    text's end. Truncation keeps the longest prefix whose layout, landmarks included, fits
+    `max_length`. Returns (ids, landmark positions).
+    """
+    def build(tokens):
+        ids, landmarks, in_chunk = [start_id], [], 0
+        for i, token in enumerate(tokens):
+            ids.append(token)
+            in_chunk += 1
+            if in_chunk == granularity or i in sentence_ends or i == len(tokens) - 1:
+                ids.append(landmark_id)
+                landmarks.append(len(ids) - 1)
+                in_chunk = 0
+        if not tokens:  # the empty text still gets its landmark
+            ids.append(landmark_id)
+            landmarks.append(1)
+        return ids, landmarks
+
+    kept = len(content) if max_length is None else min(len(content), max_length)
+    while max_length is not None and len(build(content[:kept])[0]) > max_length:
+        kept -= 1
+    return build(content[:kept])
+
+
 class LMKTokenizer(PreTrainedTokenizerFast):
     """A fast tokenizer whose call returns the landmark layout.
 

@@ -31,7 +31,7 @@ RESULTS = ROOT / "runs" / "gpu_sweep_results.json"
 MAX_ROWS = 16_000
 # Cut every text after this many tokens: nothing a 512-token model reads is lost, and the data travels.
 KEEP_TOKENS = 600
-# Round 1's recipe (what the demo used before this sweep); candidates override it. Kept as it was,
+# The first recipe (what the demo used before this sweep); candidates override it. Kept as it was,
 # so that the recorded results can be rerun.
 BASE = {"finetune": "lora", "learning_rate": 1e-3, "lora_r": 16, "lora_alpha": 16, "per_device_train_batch_size": 16,
         "num_negatives": 1, "query_max_length": 32, "passage_max_length": 128, "temperature": 0.02,

@@ -38,7 +38,10 @@ class TrainConfig:
     teacher_temperature: float = 1.0
     gather_across_devices: bool = field(default=False, metadata={"help": "Negatives from every device under DDP."})
 
-    finetune: Literal["full", "lora", "qlora"] = "lora"
+    finetune: Literal["full", "lora", "qlora", "positions"] = field(default="lora", metadata={
+        "help": "positions: only the extended position rows of an extended LMK checkpoint (peft TrainableTokens)."})
+    position_skipping: bool = field(default=False, metadata={
+        "help": "LMK, extended table: train short rows at skipped position ids of a virtual length up to N (PoSE)."})
     lora_r: int = 16
     lora_alpha: int = 16
     lora_dropout: float = 0.0
@@ -113,7 +116,7 @@ class TrainConfig:
             raise ValueError(f"`lora_dropout` must be in [0, 1), got {self.lora_dropout!r}.")
         if self.distill_weight < 0:
             raise ValueError(f"`distill_weight` must be >= 0, got {self.distill_weight!r}.")
-        choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora"), "save_mode": ("merged", "adapter"),
+        choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora", "positions"), "save_mode": ("merged", "adapter"),
                    "splitter": (*SPLITTERS, None), "schedule": (*SCHEDULES, None)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

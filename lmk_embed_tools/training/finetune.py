@@ -9,6 +9,8 @@ the data. This module only wires them to our two families:
   the configured set; queries and passages have separate max lengths.
 - Recurrent: instructions go on queries only; the schedule may be vertical for long passages
   (gradients through the carried state are exact).
+- LMK with an extended position table: `position_skipping` gives passages skipped position ids
+  (PoSE), and `finetune="positions"` trains the extended rows only (positions.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from lmk_embed.encoding import check_positive_int
 
 from .config import FAMILY_LEARNING_RATES, TrainConfig
 from .data import load_training_rows, stdlib_training_rows, to_training_dataset
+from .positions import extended_row_indices, extension_of, skipped_positions
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
     embedder: object = None
     query_max_length: int = 128
     passage_max_length: int = 512
+    position_skipping: bool = False
     drawn: list = field(default_factory=list)
 
     def column_tasks(self, columns) -> dict[str, str]:
@@ -55,12 +59,22 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
         texts = [name for name in columns if name != "dataset_name" and name not in self.valid_label_columns]
         return {name: "query" if position == 0 else "passage" for position, name in enumerate(texts)}
 
+    def __post_init__(self):
+        self.preprocess_texts = self.preprocess_fn
+        self.preprocess_fn = self.preprocess_with_granularity
+        self.granularity = None
+
+    def preprocess_with_granularity(self, inputs, **kwargs):
+        """The model's preprocess, given this batch's drawn g explicitly (LMK `variable` splitter)."""
+        if self.granularity is not None:
+            kwargs["granularity"] = self.granularity
+        return self.preprocess_texts(inputs, **kwargs)
+
     def __call__(self, features):
-        draw = getattr(self.embedder, "draw_batch_granularity", None)
-        if draw is not None:
-            granularity = draw()
-            if granularity is not None:
-                self.drawn.append(granularity)
+        draw = getattr(self.embedder, "draw_granularity", None)
+        self.granularity = draw() if draw is not None else None
+        if self.granularity is not None:
+            self.drawn.append(self.granularity)
         # The collator's public options: `router_mapping` gives each column its task and a `max_length`
         # dict each task its budget (set per call: the columns are known only here).
         self.router_mapping = self.column_tasks(features[0]) if features else {}
@@ -68,6 +82,11 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
         batch = super().__call__(features)
         for key in [k for k in batch if k.endswith("_task")]:  # column roles, not model inputs
             del batch[key]
+        if self.position_skipping:  # passages only: queries stay short at inference, on the original rows
+            extension = extension_of(self.embedder)
+            for name, task in self.router_mapping.items():
+                if task == "passage":
+                    batch[f"{name}_position_ids"] = skipped_positions(batch[f"{name}_attention_mask"], extension)
         return batch
 
 
@@ -227,7 +246,7 @@ def apply_overrides(embedder, config: TrainConfig, family: str) -> None:
 
 def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: str):
     """The checkpoint as a SentenceTransformer, with LoRA (or 4-bit + LoRA) attached as asked."""
-    from peft import LoraConfig
+    from peft import LoraConfig, TrainableTokensConfig
     from sentence_transformers import SentenceTransformer
 
     model_kwargs = {}
@@ -255,7 +274,28 @@ def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: s
                               if isinstance(module, nn.Linear)})
         st.add_adapter(LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                   target_modules=targets, layers_to_transform=config.lora_layers))
+    if config.finetune == "positions":
+        check_positions_trainable(config, embedder, family)
+        st.add_adapter(TrainableTokensConfig(target_modules=["position_embeddings"],
+                                             token_indices=extended_row_indices(embedder)))
+    if config.position_skipping:
+        if family != "lmk_embedder":
+            raise ValueError("`position_skipping` applies to LMK models only.")
+        extension_of(embedder)
     return st, embedder
+
+
+def check_positions_trainable(config: TrainConfig, embedder, family: str) -> None:
+    """`finetune='positions'` needs an extended table, and rows that reach it."""
+    if family != "lmk_embedder":
+        raise ValueError("`finetune='positions'` applies to LMK models only.")
+    extension = extension_of(embedder)
+    if not config.position_skipping and config.passage_max_length <= extension["original_positions"]:
+        raise ValueError(
+            f"`finetune='positions'` with `passage_max_length` {config.passage_max_length} never reaches the "
+            f"extended rows (inputs of at most {extension['original_positions']} tokens read the original ones): "
+            "set `position_skipping: true`, or a longer `passage_max_length`."
+        )
 
 
 def set_dropout(model: nn.Module, hidden: float | None, attention: float | None = None) -> None:
@@ -418,6 +458,7 @@ def train(config: TrainConfig) -> dict:
     collator = EmbeddingDataCollator(
         preprocess_fn=st.preprocess, embedder=embedder,
         query_max_length=config.query_max_length, passage_max_length=config.passage_max_length,
+        position_skipping=config.position_skipping,
     )
     trainer = SentenceTransformerTrainer(
         model=st, args=args, train_dataset=dataset, loss=loss,

@@ -105,7 +105,7 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
 # LoRA at 1e-3 on the top half of MiniLM's layers, InfoNCE (in-batch negatives only) plus 2.5 x the
 # cosine distance to the untouched base model's vectors (of the passage at 256 tokens). Both were
 # chosen on the validation source, which is neither trained on nor tested: the weight 2.5 rather
-# than 5 in round 6, and tau 0.1 rather than the paper's 0.02 in round 7 (0.05 and 0.2 scored lower).
+# than 5, and tau 0.1 rather than the paper's 0.02 (0.05 and 0.2 scored lower; docs/recipe.md).
 # Passages are trained at 512 tokens, g drawn per batch from the paper's {32, 64, 128, 256};
 # inference uses g=32. Hidden-state dropout 0.1 is on; attention-probability dropout is off: on
 # CPU, sampling its masks at 512 tokens costs more than the rest of the step, while hidden dropout

@@ -47,6 +47,6 @@ def test_variable_draws_come_from_the_config_set_and_seed(edited):
     draws = {}
     for seed in (0, 0, 5):
         model = edited(splitter="variable", granularities=[8, 16, 24], splitter_seed=seed)
-        draws.setdefault(seed, []).append([model.draw_batch_granularity() for _ in range(12)])
+        draws.setdefault(seed, []).append([model.draw_granularity() for _ in range(12)])
     assert draws[0][0] == draws[0][1] and set(draws[0][0]) <= {8, 16, 24}
     assert draws[5][0] != draws[0][0]

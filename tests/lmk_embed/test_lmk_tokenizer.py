@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from lmk_embed.tokenization_lmk import LMKTokenizer
+from lmk_embed.tokenization_lmk import LMKTokenizer, reference_layout as loop_reference
 from tests.helpers import SAMPLE_TEXT, stdlib_texts
 
 CLS, SEP, PAD = 101, 102, 0
@@ -24,29 +24,8 @@ def bert(minilm_path):
 
 
 def reference_layout(content: list[int], g: int, max_length: int | None, boundaries=()) -> tuple[list[int], list[int]]:
-    """Algorithm 1 by hand: [CLS] z1 [SEP] ... zn [SEP], chunks end at g or at a sentence boundary.
-
-    `boundaries` holds the token indices after which a sentence ends. Truncation keeps the longest
-    prefix whose layout (landmarks included) fits max_length. Returns (ids, landmark positions).
-    """
-    def build(tokens):
-        ids, landmarks, in_chunk = [CLS], [], 0
-        for i, token in enumerate(tokens):
-            ids.append(token)
-            in_chunk += 1
-            if in_chunk == g or i in boundaries or i == len(tokens) - 1:
-                ids.append(SEP)
-                landmarks.append(len(ids) - 1)
-                in_chunk = 0
-        if not tokens:
-            ids.append(SEP)
-            landmarks.append(1)
-        return ids, landmarks
-
-    kept = len(content) if max_length is None else min(len(content), max_length)
-    while max_length is not None and len(build(content[:kept])[0]) > max_length:
-        kept -= 1
-    return build(content[:kept])
+    """The shipped loop reference with MiniLM's CLS and SEP (the landmark)."""
+    return loop_reference(content, g, max_length, CLS, SEP, sentence_ends=boundaries)
 
 
 def test_hand_worked_fixed_layout(tokenizer):
@@ -55,6 +34,8 @@ def test_hand_worked_fixed_layout(tokenizer):
     assert out["input_ids"] == [CLS, a, b, SEP, c, d, SEP, e, SEP]
     assert out["landmark_mask"] == [0, 0, 0, 1, 0, 0, 1, 0, 1]
     assert out["attention_mask"] == [1] * 9
+    assert reference_layout([a, b, c, d, e], 2, None) == (out["input_ids"], [3, 6, 8])  # the reference, by hand
+    assert reference_layout([a, b, c, d, e], 2, 6) == ([CLS, a, b, SEP, c, SEP], [3, 5])
 
 
 def test_text_shorter_than_g_and_empty_text(tokenizer):
