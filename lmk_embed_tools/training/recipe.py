@@ -134,6 +134,9 @@ RECIPE = {
     # of at most 512 tokens are the unextended model exactly, so training at 512 is unchanged.
     "max_positions": 4096,
     "position_extension": "interpolate",
+    # Skipped position ids on passages (PoSE) help past 512 (docs/long-inputs.md); off until its
+    # cost at 512 on the three splits is measured (`lmk-embed demo --ablate position_skipping=True`).
+    "position_skipping": False,
 }
 CONVERSION_KEYS = ("splitter", "granularity", "granularities", "max_positions", "position_extension")
 
