@@ -4,9 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo train-full test install clean
+.PHONY: demo train-full test install clean bench-onnx-peer
 
-EXTRAS := train,eval,dev,rwkv7,scale
+EXTRAS := train,eval,dev,rwkv7,scale,onnx
 
 # uv installs torch and the pinned set in a fraction of pip's time, compiled to bytecode as pip does.
 # uv reads no pip configuration, so it is given pip's find-links: where the CPU torch wheel lies on
@@ -32,6 +32,23 @@ train-full: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# sentence-transformers' own backend="onnx", the ONNX benchmark's peer, needs optimum-onnx, which pins
+# transformers < 4.58 (and so a sentence-transformers 5 release): it gets a venv of its own, used by
+# benchmarks/onnx_backend.py only, never by the package or the tests. Then the benchmark runs. It lives
+# under runs/, which git and the layout test ignore.
+PEER_VENV := runs/venv-onnx-peer
+# The set pip resolves for it (measured): transformers 4.57.6, huggingface-hub 0.36.2, tokenizers 0.22.2.
+PEER_SET  := torch==2.13.0 "optimum-onnx[onnxruntime]==0.1.0" optimum==2.1.0 sentence-transformers==5.7.0 \
+             transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2 onnxruntime==1.32.0 onnx==1.23.2
+
+$(PEER_VENV)/.installed:
+	test -x $(PEER_VENV)/bin/python || python3 -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install -q $(addprefix --find-links ,$(FIND_LINKS)) $(PEER_SET)
+	touch $@
+
+bench-onnx-peer: $(STAMP) $(PEER_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.onnx_backend --peer-python $(PEER_VENV)/bin/python
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -205,6 +205,17 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         self._granularity_draws = random.Random(config.splitter_seed)  # the `variable` splitter's g per batch
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: str = "torch", **kwargs):
+        """`PreTrainedModel.from_pretrained` (`backend="torch"`), or with `backend="onnx"` the checkpoint's
+        exported graph on ONNX Runtime: an `LMKOnnxModel` with the same tokenizer and `encode()`, and
+        `file_name` / `provider` / `num_threads` options (see onnx_backend.py)."""
+        if backend == "torch":
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        from .onnx_backend import load_onnx_model
+
+        return load_onnx_model(pretrained_model_name_or_path, *model_args, backend=backend, **kwargs)
+
     # ---- forward ------------------------------------------------------------------------------
 
     def forward(

@@ -117,8 +117,12 @@ class EmbedderModule(InputModule):
         local_files_only: bool = False,
         trust_remote_code: bool = False,
         model_kwargs: dict | None = None,
+        backend: str = "torch",
         **kwargs,
     ) -> "EmbedderModule":
+        """Load the checkpoint's model and tokenizer. sentence-transformers passes its `backend` here:
+        "onnx" (LMK checkpoints) runs the checkpoint's exported graph on ONNX Runtime, with the
+        options in `model_kwargs` (`file_name`, `provider`, `num_threads`)."""
         hub_kwargs = {
             "subfolder": subfolder,
             "token": token,
@@ -134,8 +138,14 @@ class EmbedderModule(InputModule):
             revision=revision,
             local_files_only=local_files_only,
         )
+        model_kwargs = dict(model_kwargs or {})
+        if backend != "torch":
+            if config.get("family") != "lmk_embedder":
+                raise ValueError(f"backend={backend!r} is for LMK checkpoints; this one is {config.get('family')!r} "
+                                 "(recurrent checkpoints run on torch: leave `backend` out).")
+            model_kwargs["backend"] = backend
         model = AutoModel.from_pretrained(
-            model_name_or_path, trust_remote_code=trust_remote_code, **hub_kwargs, **(model_kwargs or {})
+            model_name_or_path, trust_remote_code=trust_remote_code, **hub_kwargs, **model_kwargs
         )
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code, **hub_kwargs)
         return cls(model, tokenizer, **config)

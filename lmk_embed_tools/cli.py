@@ -7,7 +7,8 @@
     lmk-embed evaluate MODEL [MODEL ...] --task passkey needle ... [--max-lengths 256 ...] [--out DIR]
     lmk-embed analyze attention|locality CHECKPOINT [...] [--out DIR]
     lmk-embed push CHECKPOINT REPO_ID [--dry-run] ...
-    lmk-embed encode-corpus MODEL INPUT OUTPUT_DIR [--engine local|ray] [--num-workers N] ...
+    lmk-embed encode-corpus MODEL INPUT OUTPUT_DIR [--engine local|ray] [--num-workers N] [--backend onnx] ...
+    lmk-embed export-onnx CHECKPOINT [--quantize int8]
 
 A bad argument, a missing file or an invalid config value prints one line naming it, and the
 command exits with status 2.
@@ -500,6 +501,10 @@ def _add_encode_corpus(subparsers) -> None:
                         "default: start a local one")
     parser.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs each Ray worker reserves")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--backend", default="torch", choices=["torch", "onnx"],
+                        help="onnx: LMK checkpoints run their exported graph on ONNX Runtime, on CPU (lmk-embed export-onnx)")
+    parser.add_argument("--onnx-file", default="onnx/model.onnx",
+                        help="--backend onnx: the graph in the checkpoint (onnx/model_qint8.onnx for int8)")
     parser.set_defaults(handler=_run_encode_corpus)
 
 
@@ -514,12 +519,60 @@ def _run_encode_corpus(args) -> int:
             output_value=args.output_value, engine=args.engine, num_workers=args.num_workers,
             shard_size=args.shard_size, dtype=args.dtype, ray_address=args.ray_address,
             gpus_per_worker=args.gpus_per_worker, show_progress_bar=not args.no_progress,
+            backend=args.backend, onnx_file=args.onnx_file,
         )
     except (CorpusArgumentError, CorpusInputError, CorpusSettingsError) as error:
         raise UsageError(" ".join(str(error).split())) from None
     print(f"{summary['rows']} rows in {summary['shards']} shards ({summary['shards_skipped']} kept from an earlier run) "
           f"written to {args.output_dir}: {summary['truncated']} truncated, {summary['empty']} empty, "
           f"{summary['tokens']} tokens")
+    return 0
+
+
+# ---- export-onnx -----------------------------------------------------------------------------------
+
+# Why recurrent checkpoints are not exported (docs/onnx.md says more).
+RECURRENT_ONNX_REFUSAL = (
+    "ONNX export is for LMK checkpoints; recurrent checkpoints are refused: their vertical schedule is a "
+    "Python loop over blocks that carries each layer's conv and SSM state, which a traced graph would unroll "
+    "for one length, and their CPU time is the scan's own products and elementwise passes, which ONNX Runtime "
+    "has no fused kernel for. Run them on torch (see docs/onnx.md)"
+)
+
+
+def _add_export_onnx(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export-onnx", help="Write an LMK checkpoint's ONNX graphs (onnx/model.onnx; int8 too with --quantize int8).")
+    parser.add_argument("checkpoint", help="an LMK checkpoint folder; the graphs are written into its onnx/ folder")
+    parser.add_argument("--quantize", default=None, choices=["int8"],
+                        help="also write onnx/model_qint8.onnx (dynamic int8 quantisation of the linear layers)")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="keep plain ONNX operators: no ONNX Runtime attention / LayerNorm / GELU fusions")
+    parser.set_defaults(handler=_run_export_onnx)
+
+
+def _run_export_onnx(args) -> int:
+    import json
+
+    folder = Path(args.checkpoint)
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"`checkpoint` {args.checkpoint!r} is not a checkpoint folder (no config.json)")
+    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    if model_type == "recurrent_embedder":
+        raise UsageError(f"{args.checkpoint!r} is a recurrent checkpoint. {RECURRENT_ONNX_REFUSAL}")
+    if model_type != "lmk_embedder":
+        raise UsageError(f"{args.checkpoint!r} is not an LMK checkpoint (config.json model_type {model_type!r})")
+    from lmk_embed.onnx_backend import export_onnx
+
+    try:
+        written = export_onnx(folder, quantize=args.quantize, fuse=not args.no_fuse)
+    except ImportError as error:  # onnxruntime / onnx missing: the message names the extra
+        raise UsageError(str(error)) from None
+    for kind, path in written.items():
+        print(f"{kind}: {path} ({path.stat().st_size / 2**20:.1f} MB)")
+    print("Load with AutoModel.from_pretrained(CHECKPOINT, trust_remote_code=True, backend='onnx') or "
+          "SentenceTransformer(CHECKPOINT, trust_remote_code=True, backend='onnx'); `lmk-embed card` lists the "
+          "graphs in the model card.")
     return 0
 
 
@@ -537,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_evaluate(subparsers)
     _add_analyze(subparsers)
     _add_encode_corpus(subparsers)
+    _add_export_onnx(subparsers)
     _add_demo(subparsers)
     return parser
 

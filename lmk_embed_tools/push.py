@@ -12,8 +12,11 @@
    pickled weights (.bin, .pt, .pkl, ...), non-weight files over --max-file-mb, `.env` files,
    weights with a NaN or inf in any tensor (every tensor is read, one at a time), and anything that
    looks like a Hub token (`hf_` + 30 characters) or a private key, in any file: PNG text chunks
-   (tEXt, and zTXt / iTXt decompressed) and safetensors metadata and tensor names included. Files
-   outside the allow-list are listed and left out.
+   (tEXt, and zTXt / iTXt decompressed) and safetensors metadata and tensor names included. An LMK
+   checkpoint's ONNX graphs (`onnx/model.onnx`, `onnx/model_qint8.onnx`, written by `lmk-embed
+   export-onnx`) are staged too, as weights: every byte is scanned for secrets, every float initializer
+   for NaN and inf, and a graph not written by export-onnx, or exported from other weights than the
+   checkpoint's safetensors, is refused. Files outside the allow-list are listed and left out.
 2. validate: check the card's metadata, that the staged .py files are exactly the family's shipped
    files (the same names, the same bytes) and that every code file config.json /
    tokenizer_config.json `auto_map` and modules.json name is staged. Then load the staged folder as
@@ -22,7 +25,9 @@
    HF_MODULES_CACHE, offline; with AutoModel and SentenceTransformer, by path and by REPO_ID from a
    Hub-cache layout, each class coming from the staged files (`transformers_modules.*`). Embed a
    fixed probe set and compare with the source checkpoint's vectors, computed in this process with
-   the current classes (max abs diff <= 1e-5). Any failure stops the push; the message's first line
+   the current classes (max abs diff <= 1e-5). Staged ONNX graphs are loaded the same way with
+   `backend="onnx"`: fp32 within 1e-4 of those vectors, int8 with a cosine of at least 0.9 to each,
+   and the card must name every staged graph. Any failure stops the push; the message's first line
    names what failed.
 3. upload: `HfApi.create_repo(exist_ok=True)`, then `upload_folder` (optionally to a branch) with
    `delete_patterns=["*"]`, so the remote mirrors the staged folder and no file of an earlier push
@@ -52,6 +57,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from lmk_embed import AUTO_MAPS, shipped_files
+from lmk_embed.onnx_backend import GRAPH_FORMAT, ONNX_FILES, QUANTIZED_FILES, weights_fingerprint
 
 WEIGHT_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
@@ -62,6 +68,10 @@ ALLOWED_NAMES = {
     "1_Normalize/config.json", "README.md", "run_config.yaml", "eval_results.json", "generation_config.json",
 }
 ALLOWED_SUFFIXES = WEIGHT_SUFFIXES + (".png",)
+# Exported graphs: weights (no size limit), staged for LMK checkpoints only, under these names only.
+GRAPH_SUFFIXES = (".onnx",)
+ONNX_TOLERANCE = 1e-4  # fp32 graph against the torch vectors
+INT8_MIN_COSINE = 0.9  # int8 graph: cosine to the torch vector of every probe text
 TOKEN_PATTERN = re.compile(rb"hf_[A-Za-z0-9]{30,}")
 PRIVATE_KEY_PATTERN = re.compile(rb"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----")
 PROBE_TEXTS = [
@@ -175,6 +185,38 @@ def scan_safetensors(path: Path) -> list[str]:
     return problems
 
 
+def scan_onnx(path: Path, weights: str) -> list[str]:
+    """Problems with one exported graph: a secret anywhere in its bytes (node and tensor names, metadata
+    and doc strings are plain protobuf strings), a float initializer holding a NaN or inf, a graph that
+    `lmk-embed export-onnx` did not write, or one exported from other weights than `weights` (the
+    checkpoint's `weights_fingerprint`)."""
+    import numpy as np
+
+    problems = list(secrets_in([path.read_bytes()]))
+    try:
+        import onnx
+        from onnx import numpy_helper
+    except ImportError:
+        return problems + ["cannot be checked without the onnx package: pip install 'lmk-embed[onnx]'"]
+    try:
+        graph = onnx.load(str(path))
+    except Exception as error:  # noqa: BLE001 - any parse failure means it cannot be scanned
+        return problems + [f"is not a readable ONNX file ({type(error).__name__}: {error})"]
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+    for tensor in graph.graph.initializer:
+        if tensor.data_type in floats:
+            bad = int((~np.isfinite(numpy_helper.to_array(tensor))).sum())
+            if bad:
+                problems.append(f"initializer {tensor.name!r} has {bad} non-finite value(s) (NaN or inf)")
+    metadata = {prop.key: prop.value for prop in graph.metadata_props}
+    if metadata.get("lmk_embed_format") != GRAPH_FORMAT:
+        problems.append(f"was not written by `lmk-embed export-onnx` (format {metadata.get('lmk_embed_format')!r})")
+    elif metadata.get("lmk_weights_sha256") != weights:
+        problems.append("was exported from other weights than this checkpoint's safetensors: export it again "
+                        "(`lmk-embed export-onnx CHECKPOINT`)")
+    return problems
+
+
 def _relative_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -189,6 +231,8 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
     family = family_of(source)
     code = shipped_files(family)
     files = _relative_files(source)
+    graphs = [name for name in ONNX_FILES if name in files] if family == "lmk_embedder" else []
+    weights = weights_fingerprint(source) if graphs else None
     refusals = []
     for name in files:
         path = source / name
@@ -197,10 +241,13 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
             refusals.append(f"{name}: pickled weights are not published (use safetensors)")
         elif Path(lower).name == ".env" or Path(lower).name.startswith(".env."):
             refusals.append(f"{name}: environment files are never published")
-        elif not lower.endswith(WEIGHT_SUFFIXES) and path.stat().st_size > max_file_mb * 2**20:
+        elif not lower.endswith(WEIGHT_SUFFIXES + GRAPH_SUFFIXES) and path.stat().st_size > max_file_mb * 2**20:
             refusals.append(f"{name}: {path.stat().st_size / 2**20:.2f} MB is over --max-file-mb={max_file_mb:g} and is not weights")
         elif lower.endswith(WEIGHT_SUFFIXES):
             refusals.extend(f"{name}: {problem}" for problem in scan_safetensors(path))
+        elif lower.endswith(GRAPH_SUFFIXES):
+            if name in graphs:  # other graphs are left out below, unread
+                refusals.extend(f"{name}: {problem}" for problem in scan_onnx(path, weights))
         else:
             texts = [path.read_bytes()]
             if lower.endswith(".png"):
@@ -229,7 +276,7 @@ def stage(checkpoint: str | Path, stage_dir: str | Path, max_file_mb: float = 50
     for name in files:  # other .py files, another family's shipped code included, are left out
         if name in shipped:
             continue
-        if name in ALLOWED_NAMES or name.endswith(ALLOWED_SUFFIXES):
+        if name in ALLOWED_NAMES or name.endswith(ALLOWED_SUFFIXES) or name in graphs:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source / name, target / name)
         else:
@@ -291,19 +338,20 @@ def from_checkpoint_files(obj):
         raise RuntimeError(f"{type(obj).__name__} came from {module!r}, not from the checkpoint's own files")
 
 
-for key, how, name in spec["loads"]:
-    step = (f"AutoModel.from_pretrained({name!r}, trust_remote_code=True).encode(...)" if how == "automodel" else
-            f"SentenceTransformer({name!r}, trust_remote_code=True).encode(...)")
+for key, how, name, options in spec["loads"]:
+    given = "".join(f", {option}={value!r}" for option, value in options.items())
+    step = (f"AutoModel.from_pretrained({name!r}, trust_remote_code=True{given}).encode(...)" if how == "automodel" else
+            f"SentenceTransformer({name!r}, trust_remote_code=True{given}).encode(...)")
     try:
         if how == "automodel":
             from transformers import AutoModel
 
-            model = AutoModel.from_pretrained(name, trust_remote_code=True)
+            model = AutoModel.from_pretrained(name, trust_remote_code=True, **options)
             from_checkpoint_files(model)
         else:
             from sentence_transformers import SentenceTransformer
 
-            model = SentenceTransformer(name, trust_remote_code=True, device="cpu")
+            model = SentenceTransformer(name, trust_remote_code=True, device="cpu", **options)
             from_checkpoint_files(model[0])
             if getattr(model[0], "model", None) is not None:
                 from_checkpoint_files(model[0].model)
@@ -415,6 +463,11 @@ def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5
     except ValueError as error:
         raise PushError(f"validation failed: the card is invalid: {' '.join(str(error).split())}") from None
     check_staged_code(staged)
+    card = (staged / "README.md").read_text(encoding="utf-8")
+    unnamed = [name for name in ONNX_FILES if (staged / name).is_file() and name not in card]
+    if unnamed:
+        raise PushError(f"validation failed: the card does not name the staged ONNX graphs {unnamed}: rewrite it with "
+                        "`lmk-embed card CHECKPOINT` (it lists the graphs and how to load them).")
     family = family_of(staged)
     repo_root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="lmk-embed-validate-") as scratch:
@@ -422,8 +475,10 @@ def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5
         for name in ("user", "out"):
             (scratch / name).mkdir()
         install_in_hub_cache(staged, repo_id, scratch / "hub", revision="0" * 40, link=True)
-        loads = [["automodel_path", "automodel", str(staged)], ["sentence_transformers_path", "sentence_transformers", str(staged)],
-                 ["automodel_id", "automodel", repo_id], ["sentence_transformers_id", "sentence_transformers", repo_id]]
+        loads = [["automodel_path", "automodel", str(staged), {}],
+                 ["sentence_transformers_path", "sentence_transformers", str(staged), {}],
+                 ["automodel_id", "automodel", repo_id, {}], ["sentence_transformers_id", "sentence_transformers", repo_id, {}]]
+        loads += _graph_loads(staged, repo_id)
         spec = {"blocked": list(PROJECT_PACKAGES), "hidden_paths": [str(repo_root)], "texts": PROBE_TEXTS,
                 "loads": loads, "out": str(scratch / "out")}
         (scratch / "spec.json").write_text(json.dumps(spec))
@@ -450,11 +505,38 @@ def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5
             raise PushError(f"validation failed: the clean loading process exited with {clean.returncode}\n{clean_err[-4000:]}")
         import numpy as np
 
-        diffs = {key: float(np.abs(np.load(scratch / "out" / f"{key}.npy") - expected).max()) for key, _, _ in loads}
-    bad = {k: v for k, v in diffs.items() if not v <= tolerance}
+        vectors = {key: np.load(scratch / "out" / f"{key}.npy") for key, _, _, _ in loads}
+    diffs = {key: float(np.abs(found - expected).max()) for key, found in vectors.items()}
+    limits = {key: ONNX_TOLERANCE if "_onnx" in key else tolerance for key in diffs if "_int8_" not in key}
+    bad = {key: diffs[key] for key, limit in limits.items() if not diffs[key] <= limit}
     if bad:
-        raise PushError(f"validation failed: staged embeddings differ from the source by {bad} (> {tolerance}).")
+        raise PushError(f"validation failed: staged embeddings differ from the source by {bad} (> {tolerance} for "
+                        f"torch, > {ONNX_TOLERANCE} for the fp32 ONNX graph).")
+    unit = expected / np.maximum(np.linalg.norm(expected, axis=-1, keepdims=True), 1e-12)
+    for key in (key for key in vectors if "_int8_" in key):
+        found = vectors[key] / np.maximum(np.linalg.norm(vectors[key], axis=-1, keepdims=True), 1e-12)
+        lowest = float((found * unit).sum(-1).min())
+        if not lowest >= INT8_MIN_COSINE:
+            raise PushError(f"validation failed: {key}: the int8 graph's lowest cosine to the source's vectors is "
+                            f"{lowest:.3f} (< {INT8_MIN_COSINE}).")
     return diffs
+
+
+def _graph_loads(staged: Path, repo_id: str) -> list[list]:
+    """The clean process's loads of the staged ONNX graphs: fp32 by path and by id with both classes,
+    int8 with AutoModel by path and SentenceTransformer by id."""
+    loads = []
+    for kind, name in (("onnx", ONNX_FILES[0]), *((f"onnx_{q}", f) for q, f in QUANTIZED_FILES.items())):
+        if not (staged / name).is_file():
+            continue
+        auto = {"backend": "onnx", "file_name": name}
+        sentence = {"backend": "onnx", "model_kwargs": {"file_name": name}}
+        loads += [[f"automodel_{kind}_path", "automodel", str(staged), auto],
+                  [f"sentence_transformers_{kind}_id", "sentence_transformers", repo_id, sentence]]
+        if kind == "onnx":
+            loads += [[f"automodel_{kind}_id", "automodel", repo_id, auto],
+                      [f"sentence_transformers_{kind}_path", "sentence_transformers", str(staged), sentence]]
+    return loads
 
 
 # ---- 3. upload ----------------------------------------------------------------------------------
@@ -575,8 +657,11 @@ def run(args: argparse.Namespace, api=None) -> int:
         if report.left_out:
             print(f"  left out (not on the allow-list): {', '.join(report.left_out)}")
         diffs = validate(report.folder, args.checkpoint, repo_id=args.repo_id)
-        print(f"Validated in a clean process: max abs diff vs source {max(diffs.values()):.2e} (AutoModel and "
+        torch_diff = max(value for key, value in diffs.items() if "_onnx" not in key)
+        print(f"Validated in a clean process: max abs diff vs source {torch_diff:.2e} (AutoModel and "
               f"SentenceTransformer, by path and as {args.repo_id})")
+        for key in (key for key in diffs if "_onnx" in key):
+            print(f"  {key}: max abs diff {diffs[key]:.2e}")
         if args.dry_run:
             total = sum(report.files.values())
             print(f"Dry run: would upload to {args.repo_id}@{args.revision or 'main'} ({total / 2**20:.2f} MB):")

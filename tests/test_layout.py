@@ -130,3 +130,34 @@ def test_checkpoint_code_is_exactly_the_family_file_set(checkpoint, family, requ
     other = {p.name for p in lmk_embed.shipped_files()} - set(lmk_embed.SHARED_FILES) - set(shipped)
     assert other and not other & set(in_checkpoint)  # an LMK checkpoint holds no recurrent file, and vice versa
     assert "__init__.py" not in in_checkpoint
+
+
+# Optional runtimes a shipped file may import: only the file named here, only lazily (inside a function)
+# and only inside a try block, which transformers' remote-code loader skips when it lists what a
+# checkpoint's code requires. Anywhere else, every checkpoint would need them installed to load at all.
+LAZY_IMPORTS = {"onnx_backend.py": {"onnxruntime", "onnx"}}
+
+
+def _imports_with_context(tree, in_function=False, in_try=False):
+    """(imported unit, inside a function, inside a try block) for every import statement of `tree`."""
+    for node in ast.iter_child_nodes(tree):
+        function = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        guarded = in_try or isinstance(node, ast.Try)
+        if isinstance(node, ast.Import):
+            yield from ((unit_of(alias.name), in_function, in_try) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield unit_of(node.module), in_function, in_try
+        yield from _imports_with_context(node, function, guarded)
+
+
+def test_optional_runtimes_are_imported_lazily_inside_try_and_only_by_their_file():
+    optional = set().union(*LAZY_IMPORTS.values())
+    seen = set()
+    for path in lmk_embed.shipped_files():
+        for unit, in_function, in_try in _imports_with_context(ast.parse(path.read_text())):
+            if unit not in optional:
+                continue
+            seen.add(unit)
+            assert unit in LAZY_IMPORTS.get(path.name, set()), f"{path.name} imports {unit}"
+            assert in_function and in_try, f"{path.name} imports {unit} outside a function's try block"
+    assert seen == optional  # the allowance is used, so it stays no wider than needed

@@ -15,6 +15,7 @@ ENGINES = ("local", "ray")
 OUTPUT_VALUES = ("embedding", "landmarks")
 DTYPES = ("float32", "float16")
 PROMPT_NAMES = ("document", "query")
+BACKENDS = ("torch", "onnx")
 # Files whose bytes decide a local checkpoint's outputs (its README does not).
 _MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".py", ".txt", ".model")
 
@@ -80,6 +81,23 @@ def _prompt(folder: Path, prompt_name: str) -> str:
     return prompts[prompt_name]
 
 
+def _onnx_setting(folder: Path, onnx_file: str, gpus_per_worker: float) -> dict:
+    """The `backend` setting of an ONNX run: the graph's name and the sha256 of its bytes."""
+    from .shards import file_sha256
+
+    config = folder / "config.json"
+    family = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    if family != "lmk_embedder":
+        raise CorpusArgumentError(f"`backend` 'onnx' is for LMK checkpoints; MODEL is {family!r} (run it on torch)")
+    graph = folder / onnx_file
+    if not isinstance(onnx_file, str) or not graph.is_file():
+        raise CorpusArgumentError(f"`onnx_file` {onnx_file!r} is not in MODEL's files: export it with "
+                                  "`lmk-embed export-onnx CHECKPOINT` (--quantize int8 for onnx/model_qint8.onnx)")
+    if gpus_per_worker:
+        raise CorpusArgumentError("`backend` 'onnx' runs on CPU; give `gpus_per_worker` 0")
+    return {"name": "onnx", "file": onnx_file, "sha256": file_sha256(graph)}
+
+
 def _dimension(model: dict) -> int:
     from transformers import AutoConfig
 
@@ -126,6 +144,8 @@ def encode_corpus(
     ray_address: str | None = None,
     gpus_per_worker: float = 0,
     show_progress_bar: bool = True,
+    backend: str = "torch",
+    onnx_file: str = "onnx/model.onnx",
 ) -> dict:
     """Embed every row of `input` with `model`'s own `encode()` into parquet shards in `output_dir`.
 
@@ -138,6 +158,9 @@ def encode_corpus(
     `CorpusSettingsError`. batch_size, engine and num_workers are not settings: they may change
     between runs (batch composition may move the last bits of a vector).
 
+    `backend="onnx"` (LMK checkpoints) runs the checkpoint's exported graph `onnx_file` on ONNX
+    Runtime, on CPU, through the same `encode()`; the backend and the graph's bytes are settings.
+
     Returns the summary: {"rows", "truncated", "empty", "tokens", "shards", "shards_skipped", "shards_written"}.
     """
     _positive("batch_size", batch_size)
@@ -149,6 +172,7 @@ def encode_corpus(
     _choice("output_value", output_value, OUTPUT_VALUES)
     _choice("dtype", dtype, DTYPES)
     _choice("prompt_name", prompt_name, PROMPT_NAMES)
+    _choice("backend", backend, BACKENDS)
     for name, value in (("text_field", text_field), ("id_field", id_field), ("path_field", path_field)):
         if name == "path_field" and value is None:
             continue
@@ -167,6 +191,8 @@ def encode_corpus(
         "max_length": max_length, "prompt_name": prompt_name,
         "prompt": _prompt(folder, prompt_name), "output_value": output_value, "shard_size": shard_size, "dtype": dtype,
     }
+    if backend != "torch":  # absent for torch, so manifests written before backends existed still match
+        settings["backend"] = _onnx_setting(folder, onnx_file, gpus_per_worker)
     if manifest is not None:
         differences = shard_files.setting_differences(manifest["settings"], settings)
         if differences:

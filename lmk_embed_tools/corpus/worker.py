@@ -25,11 +25,16 @@ _PIECE_CHARS = 1 << 16
 _TRUNCATION = re.compile(r"^(\d+) of (\d+) texts were longer than max_length")
 
 
-def load_model(model: dict, device=None):
-    """The checkpoint's AutoModel (its own code, `trust_remote_code=True`), in eval mode."""
+def load_model(model: dict, device=None, backend: dict | None = None, num_threads: int | None = None):
+    """The checkpoint's AutoModel (its own code, `trust_remote_code=True`), in eval mode. With an ONNX
+    `backend` setting ({"name": "onnx", "file": ...}), its exported graph on ONNX Runtime (CPU, with
+    `num_threads` intra-op threads; None: ONNX Runtime's default)."""
     from transformers import AutoModel
 
     kwargs = {"revision": model["revision"]} if model.get("revision") else {}
+    if backend is not None:
+        kwargs.update(backend=backend["name"], file_name=backend["file"], num_threads=num_threads)
+        return AutoModel.from_pretrained(model["source"], trust_remote_code=True, **kwargs).eval()
     loaded = AutoModel.from_pretrained(model["source"], trust_remote_code=True, **kwargs)
     if device is not None:
         loaded.to(device)
@@ -52,7 +57,7 @@ class ShardEncoder:
         self.job = job
         self.settings = job["settings"]
         self.sources = [Source(**source) for source in job["sources"]]
-        self.model = load_model(job["model"], device)
+        self.model = load_model(job["model"], device, self.settings.get("backend"), num_threads)
         # A private copy that never truncates: counts every token of the input, for tokens/s.
         self._counter = deepcopy(self.model.tokenizer.backend_tokenizer)
         self._counter.no_truncation()

@@ -2,8 +2,9 @@
 
 `write_card(checkpoint)` writes `README.md` (and, when an extrapolation result exists, the plot
 `ndcg_vs_max_length.png`) into a checkpoint folder from what the folder holds: `config.json`,
-the saved training run (`run_config.yaml`) and recorded evaluation results (`eval_results.json`,
-written by `record_results`). Re-run it whenever the results change.
+the saved training run (`run_config.yaml`), recorded evaluation results (`eval_results.json`,
+written by `record_results`) and the exported ONNX graphs (`onnx/`, written by `lmk-embed
+export-onnx`). Re-run it whenever the results change or the graphs are exported.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from lmk_embed import lora_target_modules
+from lmk_embed.onnx_backend import FP32_FILE, ONNX_FILES, QUANTIZED_FILES
 
 TEMPLATE = Path(__file__).resolve().parent / "template.md"
 RESULTS_FILE = "eval_results.json"
@@ -174,6 +176,41 @@ print(f"{{trainable}} trainable parameters")  # then train with SentenceTransfor
     return {"automodel": automodel, "sentence_transformers": sentence_transformers, "peft": peft}
 
 
+ONNX_DESCRIPTIONS = {
+    FP32_FILE: "fp32, the same vectors as the torch weights (within 1e-4)",
+    QUANTIZED_FILES["int8"]: "int8 dynamic quantisation of the linear layers: faster on CPU, slightly different vectors",
+}
+
+
+def onnx_graphs(folder: Path, family: str) -> list[tuple[str, str]]:
+    """(file, description) of the exported graphs an LMK checkpoint folder holds."""
+    if family != "lmk_embedder":
+        return []
+    return [(name, ONNX_DESCRIPTIONS[name]) for name in ONNX_FILES if (folder / name).is_file()]
+
+
+def _onnx_snippet(model_id: str, graphs: list[tuple[str, str]]) -> str:
+    names = [name for name, _ in graphs]
+    lines = [
+        "# pip install onnxruntime: the exported graph on ONNX Runtime (CPU); no torch weights are loaded",
+        "from transformers import AutoModel",
+        "from sentence_transformers import SentenceTransformer",
+        "",
+        f'model_id = "{model_id}"',
+    ]
+    if FP32_FILE in names:
+        lines += ['model = AutoModel.from_pretrained(model_id, trust_remote_code=True, backend="onnx")',
+                  'print(model.encode_document(["A long document about the json module. " * 40]).shape)']
+    for name in names:
+        if name != FP32_FILE:
+            lines += [f'quantized = AutoModel.from_pretrained(model_id, trust_remote_code=True, backend="onnx", '
+                      f'file_name="{name}")']
+    lines += [f'st = SentenceTransformer(model_id, trust_remote_code=True, backend="onnx", '
+              f'model_kwargs={{"file_name": "{names[0]}"}})',
+              'print(st.encode_query(["How do I parse JSON?"]).shape)']
+    return "\n".join(lines)
+
+
 def _details(config: dict) -> tuple[str, str, list[tuple[str, str]]]:
     backbone = config["backbone_config"]
     family = config["model_type"]
@@ -283,11 +320,17 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
     family, summary, details = _details(config)
     backbone_type = config["backbone_config"]["model_type"]
     name = model_id or MODEL_ID_PLACEHOLDER
+    graphs = onnx_graphs(folder, family)
+    snippets = _snippets(family, name, backbone_type)
+    if graphs:
+        snippets["onnx"] = _onnx_snippet(name, graphs)
     eval_results = eval_results_of(results.get("results", [])) or None
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "custom_code", "long-context",
             "landmark-pooling" if family == "lmk_embedder" else backbone_type]
     if family == "recurrent_embedder":
         tags.append("recurrent")
+    if graphs:
+        tags.append("onnx")
     train_data = run.get("train_data")
     datasets = [train_data] if train_data and train_data != "stdlib" and "/" in str(train_data) and not Path(str(train_data)).exists() else None
     card_data = ModelCardData(
@@ -309,7 +352,8 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         title=name.split("/")[-1],
         summary=summary,
         details=details,
-        snippets=_snippets(family, name, backbone_type),
+        snippets=snippets,
+        onnx_graphs=graphs,
         training=_training_rows(run),
         backbone_source=config.get("base_model") or f"a {backbone_type} checkpoint",
         evaluations=results.get("results", []),

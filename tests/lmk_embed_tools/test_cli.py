@@ -23,12 +23,20 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(("lmk-embed", "push:"))]
 
 
+def exit_status(argv) -> int:
+    """`cli.main(argv)`'s exit status, in process: argparse's own errors exit through SystemExit."""
+    try:
+        return cli.main([str(arg) for arg in argv])
+    except SystemExit as exit_:
+        return exit_.code
+
+
 def write_yaml(path, **data):
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-# ---- user errors, in a fresh process ------------------------------------------------------------
+# ---- user errors: one line, exit 2, no traceback ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -48,27 +56,35 @@ def write_yaml(path, **data):
         (["encode-corpus", "{tmp}/no-model", "{tmp}/dup.jsonl", "{tmp}/out"], "duplicate id 'a'"),
     ],
 )
-def test_user_errors_are_one_line_and_exit_2(tmp_path, args, named):
+def test_user_errors_are_one_line_and_exit_2(tmp_path, args, named, capsys):
+    """In process (`cli.main`): a traceback would be an exception raised here. The console command
+    itself, in a fresh process, is the next test's."""
     write_yaml(tmp_path / "run.yaml", model="m", output_dir=str(tmp_path / "o"))
     (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "x"}\n')
     (tmp_path / "dup.jsonl").write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n{"id": "a", "text": "z"}\n')
-    result = run_cli(*(arg.format(tmp=tmp_path) for arg in args))
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert not [line for line in result.stderr.splitlines() if line.startswith("usage:")]
+    assert exit_status([arg.format(tmp=tmp_path) for arg in args]) == 2
+    err = capsys.readouterr().err
+    assert not [line for line in err.splitlines() if line.startswith("usage:")]
+    lines = error_lines(err)
+    assert len(lines) == 1 and named in lines[0], err[-2000:]
+
+
+def test_the_console_command_reports_a_user_error_in_one_line_and_exits_2(tmp_path):
+    result = run_cli("train", "--config", tmp_path / "missing.yaml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     lines = error_lines(result.stderr)
-    assert len(lines) == 1 and named in lines[0], result.stderr[-2000:]
+    assert len(lines) == 1 and "missing.yaml" in lines[0], result.stderr[-2000:]
 
 
-def test_a_training_row_without_positive_is_one_line_and_exit_2(tmp_path, lmk_checkpoint):
+def test_a_training_row_without_positive_is_one_line_and_exit_2(tmp_path, lmk_checkpoint, capsys):
     data = tmp_path / "pairs.jsonl"
     data.write_text('{"query": "q1", "positive": "p1"}\n{"query": "q2", "postive": "misspelt"}\n')
-    result = run_cli("train", "--model", lmk_checkpoint, "--output_dir", tmp_path / "o", "--train_data", data,
-                     "--max_steps", "1", "--eval_data", "none")
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    lines = error_lines(result.stderr)
-    assert len(lines) == 1, result.stderr[-3000:]
+    argv = ["train", "--model", lmk_checkpoint, "--output_dir", tmp_path / "o", "--train_data", data, "--max_steps", "1",
+            "--eval_data", "none"]
+    assert exit_status(argv) == 2
+    err = capsys.readouterr().err
+    lines = error_lines(err)
+    assert len(lines) == 1, err[-3000:]
     assert lines[0].startswith("lmk-embed train: error: --train_data: ")
     assert "pairs.jsonl" in lines[0] and "line 2: missing field `positive`" in lines[0]
 

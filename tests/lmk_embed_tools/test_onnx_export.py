@@ -1,0 +1,220 @@
+"""`lmk-embed export-onnx` and `backend="onnx"`: the graphs written into a checkpoint, the same vectors as
+the torch encode() (within 1e-4) through AutoModel and SentenceTransformer, extended position tables at
+1k-4k tokens, int8, the missing-onnxruntime error, the recurrent refusal, encode-corpus --backend onnx,
+and push staging, scanning and validating the graphs (its clean process loads them by path and by model
+id from a Hub-cache layout, offline, from another working directory)."""
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+from lmk_embed import LMKModel  # noqa: E402
+from lmk_embed.onnx_backend import FP32_FILE, QUANTIZED_FILES, LMKOnnxModel  # noqa: E402
+from lmk_embed_tools import cli, push  # noqa: E402
+from lmk_embed_tools.model_cards import write_card  # noqa: E402
+from tests.helpers import SAMPLE_TEXT, tiny_encoder_source  # noqa: E402
+
+INT8_FILE = QUANTIZED_FILES["int8"]
+TEXTS = ["How do I parse JSON in Python?", SAMPLE_TEXT, SAMPLE_TEXT * 4, "Zip archives.", ""]
+
+
+@pytest.fixture(scope="module")
+def exported(lmk_checkpoint, tmp_path_factory):
+    """The tiny ModernBERT LMK checkpoint with both graphs, written by the command."""
+    folder = shutil.copytree(lmk_checkpoint, tmp_path_factory.mktemp("onnx") / "lmk")
+    assert cli.main(["export-onnx", str(folder), "--quantize", "int8"]) == 0
+    return folder
+
+
+@pytest.fixture(scope="module")
+def torch_model(exported):
+    return LMKModel.from_pretrained(exported).eval()
+
+
+@pytest.fixture(scope="module")
+def extended(tmp_path_factory):
+    """A tiny BERT (absolute positions, 512) extended to 4,096 by interpolation, then exported (fused)."""
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from lmk_embed.onnx_backend import export_onnx
+
+    root = tmp_path_factory.mktemp("onnx-extended")
+    folder = convert_to_lmk(tiny_encoder_source(root / "bert", "bert"), root / "lmk", granularity=32,
+                            max_positions=4096, position_extension="interpolate")
+    export_onnx(folder)
+    return folder
+
+
+def load_onnx(folder, **options):
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(str(folder), trust_remote_code=True, backend="onnx", **options)
+
+
+def test_export_writes_both_graphs_with_their_facts(exported):
+    import onnx
+
+    for name, quantization in ((FP32_FILE, "none"), (INT8_FILE, "int8")):
+        graph = onnx.load(str(exported / name))
+        facts = {prop.key: prop.value for prop in graph.metadata_props}
+        assert facts["lmk_quantization"] == quantization and facts["lmk_pooling"] == "lmk"
+        assert facts["lmk_fused"] == "none"  # ModernBERT: plain operators
+        assert [i.name for i in graph.graph.input] == ["input_ids", "attention_mask", "landmark_mask"]
+        assert [o.name for o in graph.graph.output] == ["embedding", "pooled", "last_hidden_state"]
+        assert graph.opset_import[0].version == 17
+        dims = [d.dim_param for d in graph.graph.input[0].type.tensor_type.shape.dim]
+        assert dims == ["batch", "sequence"]
+
+
+def test_onnx_encode_equals_torch_encode(exported, torch_model):
+    model = load_onnx(exported)
+    assert isinstance(model, LMKOnnxModel)
+    assert model.max_positions() == torch_model.max_positions()
+    for options in ({}, {"batch_size": 2}, {"max_length": 64, "granularity": 16}, {"normalize": False}):
+        difference = np.abs(model.encode(TEXTS, **options) - torch_model.encode(TEXTS, **options)).max()
+        assert difference <= 1e-4, (options, difference)
+    assert np.abs(model.encode_query(TEXTS[:2]) - torch_model.encode_query(TEXTS[:2])).max() <= 1e-4
+    ours, theirs = model.encode(SAMPLE_TEXT, output_value="landmarks"), torch_model.encode(SAMPLE_TEXT, output_value="landmarks")
+    assert ours["spans"] == theirs["spans"] and np.abs(ours["embeddings"] - theirs["embeddings"]).max() <= 1e-4
+    assert model.encode([]).shape == (0, torch_model.config.embedding_dim)
+
+
+def test_int8_graph_runs(exported, torch_model):
+    vectors = load_onnx(exported, file_name=INT8_FILE, num_threads=1).encode(TEXTS)
+    assert vectors.shape == (len(TEXTS), torch_model.config.embedding_dim) and np.isfinite(vectors).all()
+    assert np.allclose(np.linalg.norm(vectors, axis=-1), 1.0, atol=1e-5)
+
+
+def test_extended_checkpoint_exports_and_matches_at_long_lengths(extended):
+    import onnx
+
+    torch_model = LMKModel.from_pretrained(extended).eval()
+    model = load_onnx(extended)
+    facts = {prop.key: prop.value for prop in onnx.load(str(extended / FP32_FILE)).metadata_props}
+    assert facts["lmk_fused"] == "bert" and facts["lmk_max_positions"] == "4096"
+    texts = [SAMPLE_TEXT * 60, SAMPLE_TEXT * 12, SAMPLE_TEXT]
+    for max_length in (1024, 2048, 4096):
+        with pytest.warns(UserWarning, match="truncated"):
+            ours = model.encode(texts, max_length=max_length)
+        with pytest.warns(UserWarning, match="truncated"):
+            theirs = torch_model.encode(texts, max_length=max_length)
+        assert np.abs(ours - theirs).max() <= 1e-4, max_length
+    with pytest.raises(ValueError, match="4096"):
+        model.encode(texts, max_length=4097)
+
+
+def test_the_checkpoints_own_pooling_is_exported(modernbert_source, tmp_path):
+    """Mean pooling without normalisation: the graph reads no landmark mask and normalises nothing."""
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from lmk_embed.onnx_backend import export_onnx
+
+    folder = convert_to_lmk(modernbert_source, tmp_path / "mean", pooling="mean", normalize=False)
+    export_onnx(folder, fuse=False)
+    model, torch_model = load_onnx(folder), LMKModel.from_pretrained(folder).eval()
+    assert model.graph_inputs == ["input_ids", "attention_mask"]
+    ours = model.encode(TEXTS)
+    assert np.abs(ours - torch_model.encode(TEXTS)).max() <= 1e-4
+    assert not np.allclose(np.linalg.norm(ours, axis=-1), 1.0)
+
+
+def test_sentence_transformers_backend_onnx(exported):
+    from sentence_transformers import SentenceTransformer
+
+    torch_st = SentenceTransformer(str(exported), trust_remote_code=True, device="cpu")
+    onnx_st = SentenceTransformer(str(exported), trust_remote_code=True, backend="onnx")
+    assert isinstance(onnx_st[0].model, LMKOnnxModel)
+    assert np.abs(onnx_st.encode(TEXTS) - torch_st.encode(TEXTS)).max() <= 1e-4
+    int8 = SentenceTransformer(str(exported), trust_remote_code=True, backend="onnx",
+                               model_kwargs={"file_name": INT8_FILE})
+    assert np.isfinite(int8.encode(TEXTS)).all()
+    with pytest.raises(RuntimeError, match="inference only"):
+        onnx_st.train()
+    with pytest.raises(NotImplementedError, match="no torch weights"):
+        onnx_st.save(str(exported.parent / "resaved"))
+
+
+def test_missing_onnxruntime_names_the_extra(exported, monkeypatch):
+    from transformers.dynamic_module_utils import get_imports
+
+    # The remote-code loader's own check must not require onnxruntime: torch loading works without it.
+    assert not {"onnxruntime", "onnx"} & set(get_imports(exported / "onnx_backend.py"))
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'lmk-embed\[onnx\]'"):
+        LMKModel.from_pretrained(exported, backend="onnx")
+    assert LMKModel.from_pretrained(exported).encode("still loads on torch").shape == (32,)
+    code = cli.main(["export-onnx", str(exported)])
+    assert code == 2
+
+
+def test_bad_backend_arguments_are_named(exported, lmk_checkpoint):
+    with pytest.raises(ValueError, match="backend"):
+        LMKModel.from_pretrained(exported, backend="openvino")
+    with pytest.raises(TypeError, match="dtype"):
+        LMKModel.from_pretrained(exported, backend="onnx", dtype="bfloat16")
+    with pytest.raises(OSError, match="export-onnx"):
+        LMKModel.from_pretrained(lmk_checkpoint, backend="onnx")  # the fixture itself has no graphs
+    with pytest.raises(ValueError, match="CPU"):
+        load_onnx(exported).to("cuda")
+
+
+def test_recurrent_checkpoints_are_refused(mamba2_checkpoint, capsys):
+    assert cli.main(["export-onnx", str(mamba2_checkpoint)]) == 2
+    error = capsys.readouterr().err
+    assert "recurrent checkpoint" in error and "vertical schedule" in error
+    assert not (mamba2_checkpoint / "onnx").exists()
+
+
+def test_encode_corpus_backend_onnx(exported, torch_model, tmp_path):
+    import pyarrow.parquet as pq
+
+    from lmk_embed_tools.corpus import CorpusSettingsError, encode_corpus
+
+    source = tmp_path / "corpus.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "text": text}) + "\n" for i, text in enumerate(TEXTS)))
+    summary = encode_corpus(str(exported), str(source), tmp_path / "out", backend="onnx", show_progress_bar=False)
+    assert summary["rows"] == len(TEXTS)
+    vectors = np.stack(pq.read_table(tmp_path / "out" / "part-00000.parquet").column("embedding").to_numpy(
+        zero_copy_only=False))
+    assert np.abs(vectors - torch_model.encode(TEXTS)).max() <= 1e-4
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["settings"]["backend"]["file"] == FP32_FILE
+    with pytest.raises(CorpusSettingsError, match="backend"):
+        encode_corpus(str(exported), str(source), tmp_path / "out", show_progress_bar=False)
+
+
+def test_push_stages_scans_and_validates_the_graphs(exported, tmp_path):
+    folder = shutil.copytree(exported, tmp_path / "lmk")
+    write_card(folder, model_id="our-org/tiny-onnx")
+    assert FP32_FILE in (folder / "README.md").read_text() and INT8_FILE in (folder / "README.md").read_text()
+    report = push.stage(folder, tmp_path / "staged", max_file_mb=1.0)  # graphs are weights: no size limit
+    assert {FP32_FILE, INT8_FILE} <= set(report.files) and report.files[FP32_FILE] > 2**20
+    # The clean process (another working directory, offline, the project unimportable) loads the graphs
+    # by path and by model id from a Hub-cache layout, through AutoModel and SentenceTransformer.
+    diffs = push.validate(report.folder, folder, repo_id="our-org/tiny-onnx")
+    assert {"automodel_onnx_path", "automodel_onnx_id", "sentence_transformers_onnx_path", "sentence_transformers_onnx_id",
+            "automodel_onnx_int8_path", "sentence_transformers_onnx_int8_id"} <= set(diffs)
+    assert max(value for key, value in diffs.items() if "_int8_" not in key) <= 1e-4
+
+    (folder / "README.md").write_text((folder / "README.md").read_text().replace(INT8_FILE, "the int8 graph"))
+    with pytest.raises(push.PushError, match="does not name the staged ONNX graphs"):
+        push.validate(push.stage(folder, tmp_path / "staged-2").folder, folder)
+
+    (folder / "onnx" / "model_qint8.onnx").write_bytes((folder / FP32_FILE).read_bytes() + b"hf_" + b"a" * 34)
+    with pytest.raises(push.PushError, match="model_qint8.onnx: contains what looks like a Hugging Face token"):
+        push.stage(folder, tmp_path / "staged-3")
+    shutil.copyfile(exported / INT8_FILE, folder / INT8_FILE)
+    push.stage(folder, tmp_path / "staged-4")
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first] + 1  # trained on: the graphs are stale
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(push.PushError, match="exported from other weights"):
+        push.stage(folder, tmp_path / "staged-5")
