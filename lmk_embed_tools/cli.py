@@ -329,7 +329,42 @@ def _add_evaluate(subparsers) -> None:
     parser.add_argument("--no-cache", action="store_true")
     parser.add_argument("--record", action="store_true",
                         help="store nDCG@1 beside each of our checkpoints (eval_results.json) for its model card")
+    parser.add_argument("--compare", nargs=2, action="append", default=None, metavar=("ROW", "RIVAL"),
+                        help="NAME@LENGTH NAME@LENGTH (repeatable): on every task, nDCG@10 of ROW minus RIVAL with "
+                             "its 95%% paired bootstrap interval over the queries")
     parser.set_defaults(handler=_run_evaluate)
+
+
+def _parse_comparisons(pairs, names: list[str], lengths: list[int]) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """--compare's NAME@LENGTH pairs, checked against the rows the run makes."""
+    def side(text: str) -> tuple[str, int]:
+        name, sep, length = text.rpartition("@")
+        if not sep or not length.isdigit():
+            raise UsageError(f"--compare: {text!r} is not NAME@LENGTH (for example {names[0]}@{lengths[0]})")
+        if name not in names:
+            raise UsageError(f"--compare: {name!r} is not a row of this run; the rows are {names}")
+        if int(length) not in lengths:
+            raise UsageError(f"--compare: length {length} is not among --max-lengths {lengths}")
+        return name, int(length)
+
+    return [(side(row), side(rival)) for row, rival in pairs or []]
+
+
+def _comparisons(rows: list[dict], pairs) -> list[dict]:
+    """`table.compare` for every --compare pair on every task of the run."""
+    from lmk_embed_tools.evaluation.table import compare
+
+    found = {(r["model"], r["max_length"], r["split"]): r for r in rows}
+    results = []
+    for task in dict.fromkeys(r["split"] for r in rows):
+        for (name, length), (rival, rival_length) in pairs:
+            row, other = found.get((name, length, task)), found.get((rival, rival_length, task))
+            if row is None or other is None:
+                continue  # a synthetic task is generated per length: no row of it at another length
+            difference, low, high = compare(row, other)
+            results.append({"task": task, "row": f"{name}@{length}", "rival": f"{rival}@{rival_length}",
+                            "metric": "ndcg_at_10", "difference": difference, "low": low, "high": high})
+    return results
 
 
 def _stdlib_pages():
@@ -407,11 +442,16 @@ def _run_evaluate(args) -> int:
     cache_dir = None if args.no_cache else (args.cache_dir or Path(args.out) / "cache")
     retrievers = build_retrievers(models, batch_size=args.batch_size, granularities=args.granularities,
                                   multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25)
-    rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir)
+    pairs = _parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
+    rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=bool(pairs))
+    comparisons = _comparisons(rows, pairs)
     settings = {k: v for k, v in vars(args).items() if k not in ("handler",)}
-    written = write_report(rows, args.out, settings)
+    written = write_report(rows, args.out, settings, comparisons=comparisons)
     for metric in ("ndcg_at_1", "ndcg_at_10"):
         print(format_length_table(rows, metric), end="\n\n")
+    for c in comparisons:
+        print(f"{c['task']}: {c['row']} - {c['rival']}: nDCG@10 {c['difference']:+.3f} "
+              f"[{c['low']:+.3f}, {c['high']:+.3f}] (95% paired bootstrap over queries)")
     if args.record:
         from lmk_embed_tools.model_cards import record_results
 

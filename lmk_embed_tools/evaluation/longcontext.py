@@ -33,10 +33,13 @@ class RetrievalData:
         return self.queries, self.documents, self.relevant
 
 
-def evaluate_jobs(retrievers: list, jobs: list[tuple[str, int, object]], cache_dir=None, progress: bool = True) -> list[dict]:
+def evaluate_jobs(retrievers: list, jobs: list[tuple[str, int, object]], cache_dir=None, progress: bool = True,
+                  per_query: bool = False) -> list[dict]:
     """One row per (retriever, job): {"model", "split", "max_length", "effective_max_length", the
     five METRICS, "vectors_per_document" (the index size), "search_seconds" (scoring and ranking
-    every query against the encoded corpus: the cost of multi-vector against single-vector)}."""
+    every query against the encoded corpus: the cost of multi-vector against single-vector)}. With
+    `per_query=True` a row also holds "per_query": {metric: {query id: value}}, each query scored
+    alone by mteb's scorer (for `table.compare`'s paired intervals)."""
     from tqdm.auto import tqdm
 
     cache = EmbeddingCache(cache_dir)
@@ -56,6 +59,9 @@ def evaluate_jobs(retrievers: list, jobs: list[tuple[str, int, object]], cache_d
             "vectors_per_document": getattr(retriever, "vectors_per_document", None) or 1.0,
             "search_seconds": search_seconds,
         })
+        if per_query:
+            alone = {q: score_run({q: run[q]}, {q: data.relevant[q]}) for q in query_ids}
+            rows[-1]["per_query"] = {m: {q: alone[q][m] for q in query_ids} for m in METRICS}
     if progress and cache.folder is not None:
         print(f"corpus-embedding cache: {cache.hits} hits, {cache.misses} misses ({cache.folder})")
     return rows

@@ -10,16 +10,19 @@ from .table import format_length_table, plot_rows
 REPORTED = ("ndcg_at_1", "ndcg_at_10")
 
 
-def write_report(rows: list[dict], folder: str | Path, settings: dict, metrics=REPORTED) -> dict[str, Path]:
-    """`results.json` ({"settings", "rows"}), `results.txt` (a table per metric, mean over lengths)
-    and `results_<metric>.png` (one panel per task, one line per model)."""
+def write_report(rows: list[dict], folder: str | Path, settings: dict, metrics=REPORTED,
+                 comparisons: list[dict] | None = None) -> dict[str, Path]:
+    """`results.json` ({"settings", "rows"}, and "comparisons" when given: `lmk-embed evaluate
+    --compare`'s paired intervals), `results.txt` (a table per metric, mean over lengths) and
+    `results_<metric>.png` (one panel per task, one line per model)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
     for metric in metrics:
         paths[metric] = plot_rows(rows, folder / f"results_{metric}.png", metric)
     paths["json"] = folder / "results.json"
-    paths["json"].write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
+    report = {"settings": settings, "rows": rows, **({"comparisons": comparisons} if comparisons else {})}
+    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
     paths["table"] = folder / "results.txt"
     paths["table"].write_text("\n\n".join(format_length_table(rows, metric) for metric in metrics) + "\n")
     return paths

@@ -233,6 +233,32 @@ def test_evaluate_command_writes_json_table_plots_and_card_records(lmk_checkpoin
     assert len(recorded["results"]) == 6 and {b["model"] for b in recorded["baselines"]} >= {"BM25"}
 
 
+def test_evaluate_compare_gives_paired_intervals_from_per_query_scores(lmk_checkpoint, tmp_path, small_pages, capsys):
+    from lmk_embed_tools import cli
+    from lmk_embed_tools.evaluation.table import paired_bootstrap
+
+    out, name = tmp_path / "out", lmk_checkpoint.name
+    argv = ["evaluate", str(lmk_checkpoint), "bm25", "--task", "stdlib", "--max-lengths", "64", "128", "--out", str(out),
+            "--compare", f"{name}@128", "BM25@64", "--compare", f"{name}@128", f"{name}@64"]
+    assert cli.main(argv) == 0
+    report = json.loads((out / "results.json").read_text())
+    rows = {(r["model"], r["max_length"]): r for r in report["rows"]}
+    for row in rows.values():  # each query scored alone by mteb's scorer: their mean is the split's score
+        for metric in ("ndcg_at_10", "ndcg_at_1"):
+            assert abs(np.mean(list(row["per_query"][metric].values())) - row[metric]) < 1e-4
+    first, second = report["comparisons"]
+    assert (first["task"], first["row"], first["rival"]) == ("stdlib", f"{name}@128", "BM25@64")
+    mine, theirs = rows[(name, 128)]["per_query"]["ndcg_at_10"], rows[("BM25", 64)]["per_query"]["ndcg_at_10"]
+    queries = sorted(mine)
+    expected = paired_bootstrap([mine[q] for q in queries], [theirs[q] for q in queries])
+    assert (first["difference"], first["low"], first["high"]) == pytest.approx(expected)
+    assert first["low"] <= first["difference"] <= first["high"] and second["rival"] == f"{name}@64"
+    assert f"stdlib: {name}@128 - BM25@64: nDCG@10 {expected[0]:+.3f}" in capsys.readouterr().out
+    for bad, named in [(f"{name}@100", "--max-lengths"), ("nobody@64", "not a row"), (name, "NAME@LENGTH")]:
+        assert cli.main([*argv[:-3], "--compare", bad, "BM25@64"]) == 2
+        assert named in capsys.readouterr().err
+
+
 def test_evaluate_reads_a_beir_folder_and_names_a_bad_task(tmp_path, capsys):
     from lmk_embed_tools import cli
     folder = tmp_path / "tiny-beir"
