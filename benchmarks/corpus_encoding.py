@@ -1,6 +1,6 @@
 """encode-corpus throughput against a plain `model.encode()` loop, Ray's overhead, and resume cost.
 
-    python benchmarks/corpus_encoding.py [--texts 240] [--shard-size 40] [--runs 1] [--no-ray]
+    python benchmarks/corpus_encoding.py [--texts 240] [--shard-size 40] [--runs 1] [--no-ray] [--onnx]
     python benchmarks/corpus_encoding.py --long-document [--tokens 65536 1048576]
 
 The model is all-MiniLM-L6-v2 converted to LMK (g=32, 512 tokens); the corpus is stdlib
@@ -8,7 +8,9 @@ documentation windows of 50-300 words in a jsonl file. Every timing includes loa
 as an encode-corpus run does. Printed ratios (time / time, so > 1 means slower):
 - local 1 worker / plain loop, local 2 workers / plain loop (2 cores: threads are split);
 - ray 2 workers / local 2 workers;
-- resume: finishing after a SIGKILL at half the shards / a clean run (ideal: about 0.5).
+- resume: finishing after a SIGKILL at half the shards / a clean run (ideal: about 0.5);
+- with `--onnx` (the `onnx` extra): local 1 worker with `backend="onnx"`, fp32 and int8 graphs
+  (`lmk-embed export-onnx --quantize int8`), / local 1 worker on torch.
 
 `--long-document` instead embeds one streamed document (a row naming a text file) of each length
 in --tokens with a recurrent model (random Mamba2, d=128, 2 layers, MiniLM's WordPiece with [SEP]
@@ -120,6 +122,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--onnx", action="store_true", help="also encode-corpus --backend onnx (fp32 and int8 graphs)")
     parser.add_argument("--long-document", action="store_true", help="measure peak memory on one long document instead")
     parser.add_argument("--tokens", type=int, nargs="+", default=[65_536, 1_048_576])
     args = parser.parse_args()
@@ -150,17 +153,23 @@ def main() -> None:
         def plain():
             AutoModel.from_pretrained(model, trust_remote_code=True).eval().encode(texts, batch_size=args.batch_size)
 
-        def corpus(engine: str, workers: int):
+        def corpus(engine: str, workers: int, **backend):
             def run():
-                out = tmp / f"out-{engine}-{workers}"
+                out = tmp / f"out-{engine}-{workers}-{'-'.join(map(str, backend.values())).replace('/', '_')}"
                 shutil.rmtree(out, ignore_errors=True)
                 encode_corpus(model, str(source), out, engine=engine, num_workers=workers, batch_size=args.batch_size,
-                              shard_size=args.shard_size, show_progress_bar=False)
+                              shard_size=args.shard_size, show_progress_bar=False, **backend)
             return run
 
         candidates = {"plain": plain, "local1": corpus("local", 1), "local2": corpus("local", 2)}
         if not args.no_ray:
             candidates["ray2"] = corpus("ray", 2)
+        if args.onnx:
+            from lmk_embed.onnx_backend import QUANTIZED_FILES, export_onnx
+
+            export_onnx(model, quantize="int8")
+            candidates["onnx1"] = corpus("local", 1, backend="onnx")
+            candidates["onnx1_int8"] = corpus("local", 1, backend="onnx", onnx_file=QUANTIZED_FILES["int8"])
         times = best_of(args.runs, **candidates)
         resume = resume_ratio(model, str(source), tmp / "out-resume", args.shard_size, args.batch_size, shards)
 
@@ -171,6 +180,9 @@ def main() -> None:
     }
     if "ray2" in times:
         ratios["ray 2 workers / local 2 workers"] = times["ray2"] / times["local2"]
+    if "onnx1" in times:
+        ratios["local 1 worker, onnx fp32 / local 1 worker, torch"] = times["onnx1"] / times["local1"]
+        ratios["local 1 worker, onnx int8 / local 1 worker, torch"] = times["onnx1_int8"] / times["local1"]
     for name, value in ratios.items():
         print(f"{name}: {value:.3f}")
     print(f"(resume kept {resume['shards_kept']} of {resume['shards']} shards)")
