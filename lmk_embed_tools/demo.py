@@ -371,8 +371,7 @@ def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     paired = [(row, own[row["split"]]) for row in rows if set(own.get(row["split"], {}).get("per_query", {}).get(
         "ndcg_at_10", {})) == set(row["per_query"]["ndcg_at_10"])]
     if paired:
-        say(f"
-Against the recipe's trained LMK at 512 ({recipe_results}; nDCG@10, the difference and its 95% paired "
+        say(f"\nAgainst the recipe's trained LMK at 512 ({recipe_results}; nDCG@10, the difference and its 95% paired "
             "bootstrap interval over queries):")
     for row, rival in paired:
         say(f"  {row['split']}: {difference_text(row, rival)[1]}")
