@@ -366,16 +366,25 @@ def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     ablation_results.write_text(json.dumps(results, indent=2) + "\n")
     say(format_table(rows))
     recipe_results = runs_dir / "demo" / "results" / "results.json"
-    recipe_rows = json.loads(recipe_results.read_text()) if recipe_results.is_file() else []
-    own = {r["split"]: r for r in recipe_rows if r["model"] == "trained LMK" and r["max_length"] == 512}
-    paired = [(row, own[row["split"]]) for row in rows if set(own.get(row["split"], {}).get("per_query", {}).get(
-        "ndcg_at_10", {})) == set(row["per_query"]["ndcg_at_10"])]
-    if paired:
+    lines = against_recipe(rows, json.loads(recipe_results.read_text()) if recipe_results.is_file() else [])
+    if lines:
         say(f"\nAgainst the recipe's trained LMK at 512 ({recipe_results}; nDCG@10, the difference and its 95% paired "
             "bootstrap interval over queries):")
-    for row, rival in paired:
-        say(f"  {row['split']}: {difference_text(row, rival)[1]}")
+    for line in lines:
+        say(line)
     return 0
+
+
+def against_recipe(rows: list[dict], recipe_rows: list[dict]) -> list[str]:
+    """One line per split where `make demo`'s rows (`recipe_rows`) hold trained LMK at 512 scored on
+    the same queries as the ablation's row: the difference and its paired interval."""
+    own = {r["split"]: r for r in recipe_rows if r["model"] == "trained LMK" and r["max_length"] == 512}
+    lines = []
+    for row in rows:
+        rival = own.get(row["split"])
+        if rival is not None and set(rival.get("per_query", {}).get("ndcg_at_10", {})) == set(row["per_query"]["ndcg_at_10"]):
+            lines.append(f"  {row['split']}: {difference_text(row, rival)[1]}")
+    return lines
 
 
 # ---- the trained checkpoints on larger splits (--rescore) ----------------------------------------------

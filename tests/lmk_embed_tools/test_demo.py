@@ -79,3 +79,20 @@ def test_validate_names_a_run_without_a_checkpoint(tmp_path):
     (tmp_path / "ablation-x" / "run-lmk" / "final").mkdir(parents=True)
     with pytest.raises(SystemExit, match=r"--validate: .*ablation-x holds no trained LMK checkpoint"):
         demo.main(["--validate", str(tmp_path / "ablation-x")])
+
+
+def test_an_ablation_is_set_against_the_recipes_run_on_the_same_queries_only():
+    from lmk_embed_tools.demo import against_recipe
+
+    def row(model, split, scores):
+        per_query = {"ndcg_at_10": scores, "recall_at_1": scores}
+        return {"model": model, "split": split, "max_length": 512, "ndcg_at_10": sum(scores.values()) / len(scores),
+                "recall_at_1": 0.0, "per_query": per_query}
+
+    ablation = [row("trained LMK, x=1 (5 steps)", "a", {"q1": 1.0, "q2": 0.5}),
+                row("trained LMK, x=1 (5 steps)", "b", {"q1": 1.0}),
+                row("trained LMK, x=1 (5 steps)", "c", {"q1": 1.0})]
+    recipe = [row("trained LMK", "a", {"q1": 0.5, "q2": 0.5}), row("trained LMK", "b", {"q9": 1.0}),
+              row("trained CLS", "c", {"q1": 0.0})]
+    (line,) = against_recipe(ablation, recipe)  # b: other queries; c: no trained LMK row
+    assert line.startswith("  a: 0.7500 vs 0.5000; +0.2500")
