@@ -350,23 +350,6 @@ def _parse_comparisons(pairs, names: list[str], lengths: list[int]) -> list[tupl
     return [(side(row), side(rival)) for row, rival in pairs or []]
 
 
-def _comparisons(rows: list[dict], pairs) -> list[dict]:
-    """`table.compare` for every --compare pair on every task of the run."""
-    from lmk_embed_tools.evaluation.table import compare
-
-    found = {(r["model"], r["max_length"], r["split"]): r for r in rows}
-    results = []
-    for task in dict.fromkeys(r["split"] for r in rows):
-        for (name, length), (rival, rival_length) in pairs:
-            row, other = found.get((name, length, task)), found.get((rival, rival_length, task))
-            if row is None or other is None:
-                continue  # a synthetic task is generated per length: no row of it at another length
-            difference, low, high = compare(row, other)
-            results.append({"task": task, "row": f"{name}@{length}", "rival": f"{rival}@{rival_length}",
-                            "metric": "ndcg_at_10", "difference": difference, "low": low, "high": high})
-    return results
-
-
 def _stdlib_pages():
     from lmk_embed_tools.training.stdlib_corpus import module_pages
 
@@ -420,7 +403,7 @@ def _jobs(args, count_tokens) -> list:
 
 
 def _run_evaluate(args) -> int:
-    from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, load_model
+    from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, load_model, paired_comparisons
     from lmk_embed_tools.evaluation.report import card_records, write_report
     from lmk_embed_tools.evaluation.retrievers import build_retrievers
     from lmk_embed_tools.evaluation.synthetic import token_counter
@@ -444,7 +427,7 @@ def _run_evaluate(args) -> int:
                                   multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25)
     pairs = _parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
     rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=bool(pairs))
-    comparisons = _comparisons(rows, pairs)
+    comparisons = paired_comparisons(rows, pairs)
     settings = {k: v for k, v in vars(args).items() if k not in ("handler",)}
     written = write_report(rows, args.out, settings, comparisons=comparisons)
     for metric in ("ndcg_at_1", "ndcg_at_10"):

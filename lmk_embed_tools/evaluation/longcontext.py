@@ -67,6 +67,25 @@ def evaluate_jobs(retrievers: list, jobs: list[tuple[str, int, object]], cache_d
     return rows
 
 
+def paired_comparisons(rows: list[dict], pairs) -> list[dict]:
+    """For each ((name, length), (rival, rival length)) in `pairs`, on every task of `rows` (rows of
+    `evaluate_jobs(..., per_query=True)`): {"task", "row", "rival", "metric", "difference", "low",
+    "high"}, the nDCG@10 difference and its 95% paired bootstrap interval (`table.compare`)."""
+    from .table import compare
+
+    found = {(r["model"], r["max_length"], r["split"]): r for r in rows}
+    results = []
+    for task in dict.fromkeys(r["split"] for r in rows):
+        for (name, length), (rival, rival_length) in pairs:
+            row, other = found.get((name, length, task)), found.get((rival, rival_length, task))
+            if row is None or other is None:
+                continue  # a synthetic task is generated per length: no row of it at another length
+            difference, low, high = compare(row, other)
+            results.append({"task": task, "row": f"{name}@{length}", "rival": f"{rival}@{rival_length}",
+                            "metric": "ndcg_at_10", "difference": difference, "low": low, "high": high})
+    return results
+
+
 # ---- loading models and data ------------------------------------------------------------------------
 
 
