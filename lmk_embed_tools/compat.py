@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 TESTED = {
     "mteb": SpecifierSet(">=2,<3"),
     "datasets": SpecifierSet(">=4,<6"),  # the train / scale extras need datasets>=4; 5.2.0 is pinned
+    "sentence_transformers": SpecifierSet(">=6,<7"),
 }
 
 
@@ -55,6 +56,27 @@ def mteb_retrieval_scores(run: dict, relevant: dict, k_values: list[int]) -> dic
                            task_scores={})
 
 
+def single_writer_trainer(trainer_class):
+    """`trainer_class` (sentence-transformers' trainer) with a `_save` that writes on the saving rank
+    only. transformers 5 moved the "only the main process saves" check from `Trainer.save_model` into
+    `Trainer._save`, which sentence-transformers 6 overrides without it: under DDP every rank wrote
+    the same checkpoint folder at once, and one rank could read a torn tokenizer_config.json.
+
+    Private: `_save` is the hook both libraries use, and there is no public one."""
+    import sentence_transformers
+
+    check_tested(sentence_transformers, "Saving training checkpoints from one rank only")
+
+    class SingleWriterTrainer(trainer_class):
+        def _save(self, output_dir=None, state_dict=None):
+            if not self.args.should_save:
+                return None
+            return super()._save(output_dir, state_dict=state_dict)
+
+    SingleWriterTrainer.__name__ = SingleWriterTrainer.__qualname__ = trainer_class.__name__
+    return SingleWriterTrainer
+
+
 def dataset_fingerprint(dataset) -> str:
     """The fingerprint `datasets` keeps for a dataset (`Dataset._fingerprint`): it changes whenever the
     data does, so a saved dataset need not be hashed byte by byte. Private: there is no public accessor."""
@@ -64,4 +86,5 @@ def dataset_fingerprint(dataset) -> str:
     return str(dataset._fingerprint)
 
 
-__all__ = ["TESTED", "UntestedVersionError", "check_tested", "dataset_fingerprint", "mteb_retrieval_scores"]
+__all__ = ["TESTED", "UntestedVersionError", "check_tested", "dataset_fingerprint", "mteb_retrieval_scores",
+           "single_writer_trainer"]

@@ -389,6 +389,8 @@ def train(config: TrainConfig) -> dict:
     """Run `config`; returns the trained SentenceTransformer ("model"), "final_dir", held-out "metrics",
     "log_history", "granularities_drawn", "load_report" and "global_step"."""
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from lmk_embed_tools.compat import single_writer_trainer
     from sentence_transformers.base.sampler import BatchSamplers
     from transformers import set_seed
 
@@ -460,7 +462,7 @@ def train(config: TrainConfig) -> dict:
         query_max_length=config.query_max_length, passage_max_length=config.passage_max_length,
         position_skipping=config.position_skipping,
     )
-    trainer = SentenceTransformerTrainer(
+    trainer = single_writer_trainer(SentenceTransformerTrainer)(
         model=st, args=args, train_dataset=dataset, loss=loss,
         evaluator=evaluator if eval_during_training else None, data_collator=collator,
     )

@@ -44,3 +44,29 @@ def test_dataset_fingerprint_refuses_an_untested_datasets(monkeypatch, version):
 
 def test_tested_ranges_hold_the_installed_versions():
     assert all(spec.contains(importlib.import_module(name).__version__, prereleases=True) for name, spec in compat.TESTED.items())
+
+
+def test_the_trainer_saves_on_the_saving_rank_only(tmp_path):
+    # transformers 5 checks `should_save` inside `Trainer._save`, which sentence-transformers overrides.
+    from types import SimpleNamespace
+
+    from sentence_transformers import SentenceTransformerTrainer
+
+    from lmk_embed_tools.compat import single_writer_trainer
+
+    class Recording(SentenceTransformerTrainer):
+        def __init__(self, should_save):
+            self.args, self.saved = SimpleNamespace(should_save=should_save), []
+
+    trainer_class = single_writer_trainer(Recording)
+    for should_save in (True, False):
+        trainer = trainer_class(should_save)
+        trainer.model = SimpleNamespace(save_pretrained=lambda folder, **_: trainer.saved.append(folder))
+        trainer.processing_class = None
+        trainer.args.save_safetensors = True
+        if should_save:  # sentence-transformers' own `_save` runs
+            trainer._save(str(tmp_path / "a"))
+            assert trainer.saved == [str(tmp_path / "a")] and (tmp_path / "a" / "training_args.bin").is_file()
+        else:
+            assert trainer._save(str(tmp_path / "b")) is None and trainer.saved == [] and not (tmp_path / "b").exists()
+    assert trainer_class.__name__ == "Recording" and issubclass(trainer_class, SentenceTransformerTrainer)

@@ -477,7 +477,9 @@ def test_two_process_ddp_with_gloo(lmk_checkpoint, tmp_path):
     result = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "lmk_embed_tools.cli", "train", "--config",
                              str(config)], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
                             capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # Both ranks' own lines first: torchrun's summary at the end names only the first rank to fail.
+    ranks = [line for line in result.stderr.splitlines() if line.startswith(("[rank0]", "[rank1]"))]
+    assert result.returncode == 0, "\n".join(ranks[-60:]) + "\n" + result.stderr[-2000:]
     state = json.loads(next((tmp_path / "run" / "checkpoints").glob("checkpoint-*/trainer_state.json")).read_text())
     assert state["global_step"] == 3
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
