@@ -17,7 +17,7 @@ ALLOWED_IMPORTS = {
     f"{TOOLS}.compat": set(),  # the one door into other libraries' internals
     f"{TOOLS}.model_cards": {"lmk_embed"},
     f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat"},
-    f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation"},  # the evaluation split type
+    f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation", f"{TOOLS}.compat"},  # evaluation: the split type
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
     f"{TOOLS}.corpus": {f"{TOOLS}.compat"},

@@ -389,10 +389,10 @@ def train(config: TrainConfig) -> dict:
     """Run `config`; returns the trained SentenceTransformer ("model"), "final_dir", held-out "metrics",
     "log_history", "granularities_drawn", "load_report" and "global_step"."""
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-
-    from lmk_embed_tools.compat import single_writer_trainer
     from sentence_transformers.base.sampler import BatchSamplers
     from transformers import set_seed
+
+    from lmk_embed_tools.compat import single_writer_trainer
 
     set_seed(config.seed)
     family, backbone_type = model_family(config.model)
