@@ -404,7 +404,7 @@ def _jobs(args, count_tokens) -> list:
 
 def _run_evaluate(args) -> int:
     from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, load_model, paired_comparisons
-    from lmk_embed_tools.evaluation.report import card_records, write_report
+    from lmk_embed_tools.evaluation.report import card_records, length_curves, write_report
     from lmk_embed_tools.evaluation.retrievers import build_retrievers
     from lmk_embed_tools.evaluation.synthetic import token_counter
     from lmk_embed_tools.evaluation.table import format_length_table
@@ -441,7 +441,9 @@ def _run_evaluate(args) -> int:
         for name, path in zip(names, paths):
             if (Path(path) / "config.json").is_file() and hasattr(models[name], "config"):
                 results, baselines = card_records(rows, name)
-                print(f"Recorded results for the card in {record_results(path, results=results, baselines=baselines)}")
+                recorded = record_results(path, results=results, baselines=baselines,
+                                          extrapolation=length_curves(rows, name) or None)
+                print(f"Recorded results for the card in {recorded}")
     print("Wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 

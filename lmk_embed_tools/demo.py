@@ -262,18 +262,17 @@ def report(rows: list[dict], folder: Path, stem: str) -> None:
     say(f"Results: {files['json']} and {files['png']}")
 
 
-def record_card_results(checkpoint: Path, name: str, rows: list[dict]) -> None:
-    """The checkpoint's own rows, and the other models' rows on the same splits as baselines, for its card."""
+def record_card_results(checkpoint: Path, name: str, rows: list[dict], length_rows: list[dict] = ()) -> None:
+    """The checkpoint's own rows, and the other models' rows on the same splits as baselines, for its card;
+    its length curves (the length table's, beside the base and BM25) for the card's plot."""
+    from lmk_embed_tools.evaluation.report import length_curves
     from lmk_embed_tools.model_cards import record_results
 
     own = [{"dataset": r["split"], "dataset_type": "python-package-docs", "split": "test", "metric": metric,
             "value": r[metric], "max_length": r["max_length"]} for r in rows if r["model"] == name for metric in METRICS]
     baselines = [{"model": r["model"], "dataset": r["split"], "metric": "ndcg_at_10", "value": r["ndcg_at_10"],
                   "max_length": r["max_length"]} for r in rows if r["model"] != name]
-    ood_split = next((r["split"] for r in rows if r["model"] == name and "out-of-domain" in r["split"]), None)
-    points = {str(r["max_length"]): r["ndcg_at_10"] for r in rows if r["model"] == name and r["split"] == ood_split}
-    record_results(checkpoint, own, {"dataset": ood_split, "metric": "ndcg_at_10", "points": points} if len(points) > 1 else None,
-                   baselines=baselines)
+    record_results(checkpoint, own, length_curves([*rows, *length_rows], name) or None, baselines=baselines)
 
 
 # ---- 5. cards, dry-run publishing, loading by model id ----------------------------------------------
@@ -540,12 +539,12 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"\n4b. Past 512 tokens: the length table ({budget['long']['queries']} queries, "
         f"{budget['long']['documents']} documents per split) ...")
-    evaluate_lengths(trained, out_dir, budget)
+    length_rows = evaluate_lengths(trained, out_dir, budget)
     lap("length table")
 
     say("\n5. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
     for name, path in trained.items():
-        record_card_results(path, f"trained {name.upper()}", rows)
+        record_card_results(path, f"trained {name.upper()}", rows, length_rows)
     staged = publish_dry_run({f"minilm-{name}-tuned": path for name, path in trained.items()}, out_dir / "staged")
     for name, folder in staged.items():
         say(f"  staged and validated {name:<20}{folder}")

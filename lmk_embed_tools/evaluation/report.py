@@ -38,3 +38,16 @@ def card_records(rows: list[dict], model: str, metric: str = "ndcg_at_1") -> tup
         else:
             baselines.append({"model": row["model"], **record})
     return results, baselines
+
+
+def length_curves(rows: list[dict], model: str, metric: str = "ndcg_at_10") -> list[dict]:
+    """`model`'s score against max length on every task it was run at two lengths or more, with the
+    other models' curves on that task beside it: `model_cards.record_results`' `extrapolation`,
+    [{"dataset", "metric", "points": {length: value}, "baselines": {model: {length: value}}}, ...]."""
+    curves = {}
+    for row in rows:
+        curve = curves.setdefault(row["split"], {})
+        curve.setdefault(row["model"], {})[str(row["max_length"])] = row[metric]
+    return [{"dataset": task, "metric": metric, "points": by_model[model],
+             "baselines": {name: points for name, points in by_model.items() if name != model and len(points) > 1}}
+            for task, by_model in curves.items() if len(by_model.get(model, {})) > 1]

@@ -69,7 +69,9 @@ def record_results(checkpoint: str | Path, results: list[dict] | None = None, ex
     """Store evaluation results beside a checkpoint, for its card.
 
     results: [{"dataset", "dataset_type", "split", "metric", "value", "max_length"}, ...]
-    extrapolation: {"dataset", "metric", "points": {max_length: value}}
+    extrapolation: a length curve per task, [{"dataset", "metric", "points": {max_length: value},
+        "baselines": {model: {max_length: value}}}, ...] (a single dict is one curve; "baselines" is
+        optional): the card's plot, one panel per task, the other models dashed
 
     Other models' scores on the same data (the untouched base above all) go under the key
     "baselines": [{"model", "dataset", "metric", "value", "max_length"}, ...]; the card shows them
@@ -285,24 +287,43 @@ def _training_rows(run: dict) -> list[tuple[str, str]]:
 _PLOT_LOCK = threading.Lock()
 
 
-def _plot(folder: Path, extrapolation: dict) -> str | None:
-    points = extrapolation.get("points") or {}
-    if len(points) < 2:
+def _metric_label(metric: str) -> str:
+    """ndcg_at_10 -> nDCG@10 (mteb's metric names, as a reader writes them)."""
+    return re.sub(r"^ndcg_at_(\d+)$", r"nDCG@\1", metric)
+
+
+def _curves(extrapolation) -> list[dict]:
+    """The recorded length curves with two points or more (a single dict is one curve)."""
+    curves = extrapolation if isinstance(extrapolation, list) else [extrapolation] if extrapolation else []
+    return [curve for curve in curves if len(curve.get("points") or {}) > 1]
+
+
+def _plot(folder: Path, extrapolation) -> str | None:
+    curves = _curves(extrapolation)
+    if not curves:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = sorted(int(k) for k in points)
+    def line(ax, points, **style):
+        lengths = sorted(int(k) for k in points)
+        ax.plot(lengths, [points[str(n)] if str(n) in points else points[n] for n in lengths], marker="o", **style)
+
     with _PLOT_LOCK:
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(lengths, [points[str(n)] if str(n) in points else points[n] for n in lengths], marker="o")
-        ax.set_xlabel("max length (tokens)")
-        ax.set_ylabel(extrapolation.get("metric", "ndcg_at_10"))
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-        ax.set_title(extrapolation.get("dataset", ""), fontsize=9)
+        fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.4), squeeze=False)
+        for ax, curve in zip(axes[0], curves):
+            line(ax, curve["points"], label="this model", linewidth=2)
+            for name, points in (curve.get("baselines") or {}).items():
+                line(ax, points, label=name, linestyle="--", alpha=0.8)
+            ax.set_xlabel("max length (tokens)")
+            ax.set_ylabel(_metric_label(curve.get("metric", "ndcg_at_10")))
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+            ax.set_title(curve.get("dataset", ""), fontsize=9)
+            if curve.get("baselines"):
+                ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(folder / PLOT_FILE, dpi=110)
         plt.close(fig)
@@ -345,7 +366,7 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         eval_results=eval_results,
     )
     plot = _plot(folder, results["extrapolation"]) if results.get("extrapolation") else None
-    extrapolation = results.get("extrapolation") or {}
+    curves = _curves(results.get("extrapolation"))
     return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),
@@ -359,7 +380,8 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         evaluations=results.get("results", []),
         baselines=results.get("baselines", []),
         plot=plot,
-        plot_caption=f"{extrapolation.get('dataset', '')}" if plot else "",
+        plot_caption=", ".join(str(curve.get("dataset", "")) for curve in curves) if plot else "",
+        plot_metric=_metric_label(curves[0].get("metric", "ndcg_at_10")) if curves else "",
         limitations=LIMITATIONS[family] + [NOT_EVALUATED],
         citation=CITATIONS[family],
     )

@@ -42,6 +42,9 @@ class TrainConfig:
         "help": "positions: only the extended position rows of an extended LMK checkpoint (peft TrainableTokens)."})
     position_skipping: bool = field(default=False, metadata={
         "help": "LMK, extended table: train short rows at skipped position ids of a virtual length up to N (PoSE)."})
+    position_skipping_share: float = field(default=1.0, metadata={
+        "help": "With position_skipping: the share of passages given skipped ids; the others keep their own "
+                "positions (on the original rows, at most Lo tokens)."})
     lora_r: int = 16
     lora_alpha: int = 16
     lora_dropout: float = 0.0
@@ -114,6 +117,10 @@ class TrainConfig:
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)!r}.")
         if not 0 <= self.lora_dropout < 1:
             raise ValueError(f"`lora_dropout` must be in [0, 1), got {self.lora_dropout!r}.")
+        if isinstance(self.position_skipping_share, bool) or not 0 < self.position_skipping_share <= 1:
+            raise ValueError(f"`position_skipping_share` must be in (0, 1], got {self.position_skipping_share!r}.")
+        if self.position_skipping_share != 1 and not self.position_skipping:
+            raise ValueError("`position_skipping_share` applies with `position_skipping: true` only.")
         if self.distill_weight < 0:
             raise ValueError(f"`distill_weight` must be >= 0, got {self.distill_weight!r}.")
         choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora", "positions"), "save_mode": ("merged", "adapter"),

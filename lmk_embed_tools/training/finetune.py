@@ -51,6 +51,7 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
     query_max_length: int = 128
     passage_max_length: int = 512
     position_skipping: bool = False
+    position_skipping_share: float = 1.0
     drawn: list = field(default_factory=list)
 
     def column_tasks(self, columns) -> dict[str, str]:
@@ -86,7 +87,8 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
             extension = extension_of(self.embedder)
             for name, task in self.router_mapping.items():
                 if task == "passage":
-                    batch[f"{name}_position_ids"] = skipped_positions(batch[f"{name}_attention_mask"], extension)
+                    batch[f"{name}_position_ids"] = skipped_positions(batch[f"{name}_attention_mask"], extension,
+                                                                         share=self.position_skipping_share)
         return batch
 
 
@@ -460,7 +462,7 @@ def train(config: TrainConfig) -> dict:
     collator = EmbeddingDataCollator(
         preprocess_fn=st.preprocess, embedder=embedder,
         query_max_length=config.query_max_length, passage_max_length=config.passage_max_length,
-        position_skipping=config.position_skipping,
+        position_skipping=config.position_skipping, position_skipping_share=config.position_skipping_share,
     )
     trainer = single_writer_trainer(SentenceTransformerTrainer)(
         model=st, args=args, train_dataset=dataset, loss=loss,

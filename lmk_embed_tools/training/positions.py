@@ -31,12 +31,14 @@ def extension_of(embedder) -> dict:
 
 
 def skipped_positions(attention_mask: torch.Tensor, extension: dict,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+                      generator: torch.Generator | None = None, share: float = 1.0) -> torch.Tensor:
     """Position ids [B, T] for right-padded rows (`attention_mask` [B, T]) of at most N tokens.
 
     Each row gets a virtual length V ~ U{max(L, Lo + 1) .. N}, a cut c ~ U{1 .. L - 1} and a skip
     k ~ U{0 .. V - L}: tokens before c keep positions 0..c-1, the rest move on by k. Padding columns
     continue the row's last position (they are masked out). Draws use `generator` (default: torch's).
+    With `share` < 1, each row is skipped with that probability; the others keep 0..L-1 at their own
+    length (so a row of at most Lo tokens reads the original rows, as at inference).
     """
     from lmk_embed.modeling_lmk import extended_position_ids
 
@@ -53,6 +55,10 @@ def skipped_positions(attention_mask: torch.Tensor, extension: dict,
     columns = torch.arange(width).unsqueeze(0)
     positions = columns + torch.where(columns >= cut.unsqueeze(1), skip.unsqueeze(1), 0)
     positions = positions.clamp(max=(virtual - 1).unsqueeze(1))
+    if share < 1:  # a separate draw, so share=1 keeps the stream (and the runs) it always had
+        kept = torch.rand(batch, generator=generator) >= share
+        positions = torch.where(kept.unsqueeze(1), columns, positions)
+        virtual = torch.where(kept, lengths, virtual)
     device = attention_mask.device
     return extended_position_ids(attention_mask, extension, positions.to(device), virtual.unsqueeze(1).to(device))
 

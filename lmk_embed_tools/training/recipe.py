@@ -137,6 +137,7 @@ RECIPE = {
     # Skipped position ids on passages (PoSE) help past 512 but cost up to 0.01 nDCG@10 at 512
     # (`lmk-embed demo --ablate position_skipping=True`, docs/long-inputs.md): off, as the headline is at 512.
     "position_skipping": False,
+    "position_skipping_share": 1.0,
 }
 CONVERSION_KEYS = ("splitter", "granularity", "granularities", "max_positions", "position_extension")
 

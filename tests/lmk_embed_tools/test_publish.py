@@ -365,10 +365,12 @@ def test_card_plots_can_be_drawn_from_threads(tmp_path):
 
     from lmk_embed_tools.model_cards import generator
 
-    extrapolation = {"dataset": "toy", "metric": "ndcg_at_10", "points": {"128": 0.5, "256": 0.6, "512": 0.7}}
+    curve = {"dataset": "toy", "metric": "ndcg_at_10", "points": {"128": 0.5, "256": 0.6, "512": 0.7}}
+    panels = [curve, {**curve, "dataset": "other", "baselines": {"base": {"128": 0.4, "512": 0.45}}}]
     folders = [tmp_path / str(i) for i in range(8)]
     for folder in folders:
         folder.mkdir()
-    with ThreadPoolExecutor(4) as pool:
-        assert list(pool.map(lambda folder: generator._plot(folder, extrapolation), folders)) == [generator.PLOT_FILE] * 8
+    with ThreadPoolExecutor(4) as pool:  # one curve (a dict) and a list of panels with baselines alike
+        drawn = pool.map(lambda i: generator._plot(folders[i], curve if i % 2 else panels), range(8))
+        assert list(drawn) == [generator.PLOT_FILE] * 8
     assert all((folder / generator.PLOT_FILE).stat().st_size > 1000 for folder in folders)

@@ -231,6 +231,18 @@ def test_evaluate_command_writes_json_table_plots_and_card_records(lmk_checkpoin
     assert any((out / "cache").glob("*.npz"))
     recorded = json.loads((checkpoint / "eval_results.json").read_text())
     assert len(recorded["results"]) == 6 and {b["model"] for b in recorded["baselines"]} >= {"BM25"}
+    # A length curve per task, the other rows beside it, for the card's plot.
+    curves = {curve["dataset"]: curve for curve in recorded["extrapolation"]}
+    assert set(curves) == {"passkey", "needle", "stdlib"}
+    own = {(r["split"], str(r["max_length"])): r["ndcg_at_10"] for r in rows if r["model"] == lmk_checkpoint.name}
+    assert all(curve["points"] == {n: own[(task, n)] for n in ("64", "128")} for task, curve in curves.items())
+    assert "BM25" in curves["passkey"]["baselines"] and lmk_checkpoint.name not in curves["passkey"]["baselines"]
+    from lmk_embed_tools.model_cards import check_card, generator, write_card
+
+    card = write_card(checkpoint)
+    check_card(card)
+    assert (checkpoint / generator.PLOT_FILE).stat().st_size > 1000
+    assert "nDCG@10 against the maximum input length: passkey, needle, stdlib" in card.read_text()
 
 
 def test_evaluate_compare_gives_paired_intervals_from_per_query_scores(lmk_checkpoint, tmp_path, small_pages, capsys):

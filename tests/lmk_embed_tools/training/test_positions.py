@@ -63,6 +63,21 @@ def test_skipped_positions_are_the_rule_at_a_virtual_length(method):
     assert len(set(gaps.tolist())) > 10
 
 
+def test_a_share_of_rows_keeps_its_own_positions():
+    mask = torch.ones(400, 12, dtype=torch.long)
+    plain = torch.arange(12).expand(400, 12)
+    everyone = skipped_positions(mask, EXTENSION, generator=torch.Generator().manual_seed(1))
+    half = skipped_positions(mask, EXTENSION, generator=torch.Generator().manual_seed(1), share=0.5)
+    kept = (half == plain).all(-1)  # the original rows, exactly as inference reads a 12-token input
+    assert 150 < int(kept.sum()) < 250
+    assert torch.equal(half[~kept], everyone[~kept])  # the others are skipped as with share=1, same draws
+    assert int(everyone.min()) >= EXTENSION["first_row"]
+    with pytest.raises(ValueError, match="position_skipping_share"):
+        TrainConfig(model="m", output_dir="o", position_skipping=True, position_skipping_share=1.5)
+    with pytest.raises(ValueError, match="position_skipping_share"):
+        TrainConfig(model="m", output_dir="o", position_skipping_share=0.5)
+
+
 def test_finetune_positions_changes_only_the_extended_rows(extended_bert, rows_jsonl, tmp_path):
     result = train(config_for(extended_bert, rows_jsonl, tmp_path, finetune="positions", position_skipping=True))
     before = load_file(extended_bert / "model.safetensors")
