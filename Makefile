@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo train-full test install clean bench-onnx-peer
+.PHONY: demo train-full test install clean bench-onnx-peer bench-llamacpp
 
 EXTRAS := train,eval,dev,rwkv7,scale,onnx
 
@@ -49,6 +49,26 @@ $(PEER_VENV)/.installed:
 
 bench-onnx-peer: $(STAMP) $(PEER_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.onnx_backend --peer-python $(PEER_VENV)/bin/python
+
+# llama.cpp, the recurrent encode's CPU peer (benchmarks/recurrent_vs_llamacpp.py): llama-cpp-python
+# built from its sdist, CPU only, in a venv of its own under runs/, never in the package or the tests.
+# The build compiles llama.cpp with at most 2 jobs: about 6 minutes on 2 idle cores, 20 on busy ones.
+# The multimodal library (LLAVA_BUILD) is left out, since the benchmark only embeds token ids.
+LLAMACPP_VENV := runs/venv-llamacpp
+LLAMACPP_SET  := llama-cpp-python==0.3.36 gguf==0.19.0 numpy
+LLAMACPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF
+
+$(LLAMACPP_VENV)/.installed:
+	test -x $(LLAMACPP_VENV)/bin/python || python3 -m venv $(LLAMACPP_VENV)
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMACPP_VENV)/bin/python -m pip install -q \
+	  --no-binary llama-cpp-python $(LLAMACPP_SET)
+	touch $@
+
+# --quick is the ~15-minute set on 2 idle cores; `make bench-llamacpp LLAMACPP_ARGS=` runs the full grid (hours).
+LLAMACPP_ARGS ?= --quick
+
+bench-llamacpp: $(STAMP) $(LLAMACPP_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.recurrent_vs_llamacpp --peer-python $(LLAMACPP_VENV)/bin/python $(LLAMACPP_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
