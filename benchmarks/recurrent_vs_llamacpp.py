@@ -4,7 +4,7 @@
     python -m benchmarks.recurrent_vs_llamacpp --peer-python runs/venv-llamacpp/bin/python \\
         [--shapes small 130m] [--threads 1 2] [--lengths 4096 16384 65536] [--repeats 2] \\
         [--formats f32 f16 q8_0] [--ubatches 512 2048] [--modes embd eos] | [--points f32/u512 q8_0/u2048/eos ...]
-    python -m benchmarks.recurrent_vs_llamacpp --peer-python ... --quick        # the ~15-minute set (below)
+    python -m benchmarks.recurrent_vs_llamacpp --peer-python ... --quick        # the short set (below)
     python -m benchmarks.recurrent_vs_llamacpp --peer-python ... --check-only   # agreement only, no timing
 
 llama-cpp-python is not in the main venv: every llama.cpp step runs in the peer venv's python
@@ -37,7 +37,7 @@ Steps, per shape:
    Prints tokens/s and peak RSS per engine point, ours / llama.cpp's fastest point at that T and
    thread count, and ours / the fastest plain embedding-mode point.
 
---quick (about 15 minutes on 2 idle cores): both shapes, threads 1 2, 2 runs, small at 4k/16k/64k,
+--quick (22 minutes on 2 idle cores, measured): both shapes, threads 1 2, 2 runs, small at 4k/16k/64k,
 130m at 4k only, llama.cpp points f32/u512 f32/u512/eos q8_0/u2048/eos.
 
 Writes benchmarks/results/recurrent_vs_llamacpp.json and .png. GGUFs and texts go to --workdir.
@@ -452,7 +452,7 @@ def main() -> None:
     parser.add_argument("--check-length", type=int, default=4096)
     parser.add_argument("--check-only", action="store_true", help="conversion and agreement only")
     parser.add_argument("--quick", action="store_true",
-                        help=f"the ~15-minute set (idle cores): both shapes, threads 1 2, 2 runs, small at 4k/16k/64k, "
+                        help=f"the short set (22 minutes on 2 idle cores): both shapes, threads 1 2, 2 runs, small at 4k/16k/64k, "
                              f"130m at 4k only, llama.cpp points {' '.join(QUICK_POINTS)}")
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "llamacpp" / "work")
     # worker mode (internal)
