@@ -132,7 +132,10 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
 
     Shapes as in `ssd_reference`. Within a chunk the output is a masked (decayed) attention-like
     product; between chunks only the [h, p, n] state is carried, by a short loop over chunks.
-    Groups of B and C are never repeated per head, and the L x L decay is built once per head.
+    Groups of B and C are never repeated per head, and the [q, q] decay is built once per head.
+    The products that read the state (chunk states, state term) take a group's heads together,
+    [r p, q] @ [q, n] and [q, n] @ [n, r p], in the [t, h p] layout the projections give: one
+    product per chunk instead of one 64 x 64 product per chunk and head, and no permuted copies.
     """
     b, t, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
@@ -145,41 +148,42 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     if pad:  # zero padding: no input and no decay, so the final state is unchanged
         xdt, log_decay = F.pad(xdt, (0, 0, 0, 0, 0, pad)), F.pad(log_decay, (0, 0, 0, pad))
         B, C = F.pad(B, (0, 0, 0, 0, 0, pad)), F.pad(C, (0, 0, 0, 0, 0, pad))
-    cumulative = log_decay.view(b, c, q, h).permute(0, 1, 3, 2).cumsum(-1)  # [b, c, h, q]
-    B_chunks = B.view(b, c, q, g, n).permute(0, 1, 3, 2, 4)  # [b, c, g, q, n]
-    C_chunks = C.view(b, c, q, g, n).permute(0, 1, 3, 2, 4)
-    X = xdt.view(b, c, q, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, q, p]
+    cumulative = log_decay.view(b, c, q, h).cumsum(2)  # [b, c, q, h]
+    B_chunks = B.view(b, c, q, g, n).transpose(2, 3)  # [b, c, g, q, n]
+    C_chunks = C.view(b, c, q, g, n).transpose(2, 3)
 
     # Within chunks: y[l] = sum_{s<=l} exp(cum[l] - cum[s]) (C[l] . B[s]) x[s] dt[s].
     # The [q, q] decay is built once per head and, without autograd, in place in one buffer:
-    # on CPU these elementwise passes, not the products, are most of the scan's time.
+    # on CPU these elementwise passes, not the products, are much of the scan's time.
     in_place = not torch.is_grad_enabled()
     scores = C_chunks @ B_chunks.transpose(-1, -2)  # [b, c, g, q, q], shared by the group's heads
-    decay = (cumulative[..., :, None] - cumulative[..., None, :]).masked_fill_(_future_mask(q, x.device), float("-inf"))
+    per_head = cumulative.transpose(2, 3)  # [b, c, h, q]
+    decay = (per_head[..., :, None] - per_head[..., None, :]).masked_fill_(_future_mask(q, x.device), float("-inf"))
     decay = decay.exp_().view(b, c, g, r, q, q)
     decay = decay.mul_(scores[:, :, :, None]) if in_place else decay * scores[:, :, :, None]
-    y = decay @ X  # [b, c, g, r, q, p]
+    X = xdt.view(b, c, q, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, q, p]
+    y = (decay @ X).permute(0, 1, 4, 2, 3, 5)  # [b, c, q, g, r, p]
     del decay
 
-    # Each chunk's contribution to the state at its end, then the carry across chunks as one
-    # [c + 1, c + 1] decay product per head (as transformers' torch path does), not a loop of c
-    # small steps: with c = t / q steps per layer and block, the loop's per-op cost dominated.
-    to_end = torch.exp(cumulative[..., -1:] - cumulative).view(b, c, g, r, q, 1)
-    chunk_states = (X * to_end).transpose(-1, -2) @ B_chunks[:, :, :, None]  # [b, c, g, r, p, n]
-    start = x.new_zeros(b, 1, h, p * n) if initial_state is None else initial_state.float().view(b, 1, h, p * n)
-    states = torch.cat([start, chunk_states.view(b, c, h, p * n)], dim=1).transpose(1, 2)  # [b, h, c + 1, p n]
-    chunk_log = F.pad(cumulative[..., -1].transpose(1, 2), (1, 0)).cumsum(-1)  # [b, h, c + 1]
-    # carry[z, j] = exp(sum of chunk decays j+1..z) for j <= z: state after z chunks from the one after j.
-    carry = (chunk_log[..., :, None] - chunk_log[..., None, :]).masked_fill_(_future_mask(c + 1, x.device), float("-inf"))
-    after = carry.exp_() @ states  # [b, h, c + 1, p n]: the state after 0..c chunks
-    entering = after[:, :, :-1].transpose(1, 2).reshape(b, c, g, r, p, n)
-    state = after[:, :, -1].reshape(b, h, p, n).clone()  # a copy: a view would keep `after` alive
+    # Each chunk's contribution to the state at its end: sum_s exp(cum[-1] - cum[s]) x[s] dt[s] B[s]^T.
+    to_end = torch.exp(cumulative[:, :, -1:] - cumulative)  # [b, c, q, h]
+    weighted = (xdt.view(b, c, q, h, p) * to_end[..., None]).view(b, c, q, g, r * p)
+    chunk_states = (weighted.permute(0, 1, 3, 4, 2) @ B_chunks).view(b, c, h, p, n)
+    # The carry across chunks, one multiply-add per chunk: a loop of c small steps over the
+    # [h, p, n] state costs less here than a [c + 1, c + 1] decay product per head.
+    chunk_decay = torch.exp(cumulative[:, :, -1])  # [b, c, h]
+    state = x.new_zeros(b, h, p, n) if initial_state is None else initial_state.float()
+    entering = []
+    for chunk in range(c):
+        entering.append(state)
+        state = torch.addcmul(chunk_states[:, chunk], state, chunk_decay[:, chunk, :, None, None])
+    entering = torch.stack(entering, dim=1).view(b, c, g, r * p, n)
 
     # From the state entering each chunk: y[l] += exp(cum[l]) C[l] . state.
-    from_state = (C_chunks[:, :, :, None] @ entering.transpose(-1, -2)) * torch.exp(cumulative).view(b, c, g, r, q, 1)
-    y = y.add_(from_state) if in_place else y + from_state
-    y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * q, h, p)[:, :t]
-    return y + x * D.float()[:, None], state
+    from_state = (C_chunks @ entering.transpose(-1, -2)).view(b, c, g, q, r, p).transpose(2, 3)  # [b, c, q, g, r, p]
+    y = torch.addcmul(y, from_state, torch.exp(cumulative).view(b, c, q, g, r, 1))
+    y = y.reshape(b, c * q, h, p)[:, :t]
+    return torch.addcmul(y, x, D.float()[:, None]), state
 
 
 @functools.lru_cache(maxsize=16)

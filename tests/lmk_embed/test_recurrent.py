@@ -47,9 +47,10 @@ def last_states_row_by_row(backbone, ids, lengths, **kwargs):
 
 @pytest.mark.parametrize("t, chunk", [(1, 4), (15, 4), (16, 16), (37, 8), (50, 64)])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_chunked_scan_equals_the_recurrence(t, chunk, with_state):
+@pytest.mark.parametrize("groups", [1, 2])  # one group takes all heads in one product: another layout
+def test_chunked_scan_equals_the_recurrence(t, chunk, with_state, groups):
     torch.manual_seed(t)
-    b, h, p, g, n = 2, 4, 8, 2, 6
+    b, h, p, g, n = 2, 4, 8, groups, 6
     x, B, C = torch.randn(b, t, h, p), torch.randn(b, t, g, n), torch.randn(b, t, g, n)
     dt, A, D = torch.rand(b, t, h) * 0.5, -torch.rand(h) * 2, torch.randn(h)
     state = torch.randn(b, h, p, n) if with_state else None
