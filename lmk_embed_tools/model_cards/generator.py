@@ -298,8 +298,8 @@ def _curves(extrapolation) -> list[dict]:
     return [curve for curve in curves if len(curve.get("points") or {}) > 1]
 
 
-def _plot(folder: Path, extrapolation) -> str | None:
-    curves = _curves(extrapolation)
+def _plot(folder: Path, curves: list[dict]) -> str | None:
+    """One panel per curve (from `_curves`), the other models dashed -> the PNG's file name, or None."""
     if not curves:
         return None
     import matplotlib
@@ -365,8 +365,8 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         model_name=name.split("/")[-1],
         eval_results=eval_results,
     )
-    plot = _plot(folder, results["extrapolation"]) if results.get("extrapolation") else None
     curves = _curves(results.get("extrapolation"))
+    plot = _plot(folder, curves)
     return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),

@@ -371,6 +371,6 @@ def test_card_plots_can_be_drawn_from_threads(tmp_path):
     for folder in folders:
         folder.mkdir()
     with ThreadPoolExecutor(4) as pool:  # one curve (a dict) and a list of panels with baselines alike
-        drawn = pool.map(lambda i: generator._plot(folders[i], curve if i % 2 else panels), range(8))
+        drawn = pool.map(lambda i: generator._plot(folders[i], generator._curves(curve if i % 2 else panels)), range(8))
         assert list(drawn) == [generator.PLOT_FILE] * 8
     assert all((folder / generator.PLOT_FILE).stat().st_size > 1000 for folder in folders)
