@@ -331,7 +331,8 @@ def _add_evaluate(subparsers) -> None:
                         help="store nDCG@1 beside each of our checkpoints (eval_results.json) for its model card")
     parser.add_argument("--compare", nargs=2, action="append", default=None, metavar=("ROW", "RIVAL"),
                         help="NAME@LENGTH NAME@LENGTH (repeatable): on every task, nDCG@10 of ROW minus RIVAL with "
-                             "its 95%% paired bootstrap interval over the queries")
+                             "its 95%% paired bootstrap interval over the queries; with two tasks or more, also over "
+                             "all their queries pooled")
     parser.set_defaults(handler=_run_evaluate)
 
 

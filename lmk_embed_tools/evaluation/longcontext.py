@@ -17,6 +17,7 @@ from .cache import EmbeddingCache
 from .metrics import METRICS, score_run, top_k_run
 
 OUR_MODEL_TYPES = ("lmk_embedder", "recurrent_embedder")
+POOLED = "all tasks, pooled"  # the task of a comparison made over every task's queries together
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,32 @@ def evaluate_jobs(retrievers: list, jobs: list[tuple[str, int, object]], cache_d
 def paired_comparisons(rows: list[dict], pairs) -> list[dict]:
     """For each ((name, length), (rival, rival length)) in `pairs`, on every task of `rows` (rows of
     `evaluate_jobs(..., per_query=True)`): {"task", "row", "rival", "metric", "difference", "low",
-    "high"}, the nDCG@10 difference and its 95% paired bootstrap interval (`table.compare`)."""
-    from .table import compare
+    "high"}, the nDCG@10 difference and its 95% paired bootstrap interval (`table.compare`).
+
+    A pair found on two tasks or more also gets one entry with task POOLED: the same bootstrap over
+    all those tasks' queries together (more queries, a narrower interval than any one task's)."""
+    from .table import compare, paired_bootstrap
 
     found = {(r["model"], r["max_length"], r["split"]): r for r in rows}
-    results = []
+    results, pooled = [], {}
     for task in dict.fromkeys(r["split"] for r in rows):
         for (name, length), (rival, rival_length) in pairs:
             row, other = found.get((name, length, task)), found.get((rival, rival_length, task))
             if row is None or other is None:
                 continue  # a synthetic task is generated per length: no row of it at another length
             difference, low, high = compare(row, other)
-            results.append({"task": task, "row": f"{name}@{length}", "rival": f"{rival}@{rival_length}",
+            key = (f"{name}@{length}", f"{rival}@{rival_length}")
+            results.append({"task": task, "row": key[0], "rival": key[1],
+                            "metric": "ndcg_at_10", "difference": difference, "low": low, "high": high})
+            mine, theirs = row["per_query"]["ndcg_at_10"], other["per_query"]["ndcg_at_10"]
+            scores = pooled.setdefault(key, ([], [], []))
+            scores[0].extend(mine[q] for q in sorted(mine))
+            scores[1].extend(theirs[q] for q in sorted(mine))
+            scores[2].append(task)
+    for (name, rival), (mine, theirs, tasks) in pooled.items():
+        if len(tasks) > 1:
+            difference, low, high = paired_bootstrap(mine, theirs)
+            results.append({"task": POOLED, "tasks": tasks, "queries": len(mine), "row": name, "rival": rival,
                             "metric": "ndcg_at_10", "difference": difference, "low": low, "high": high})
     return results
 

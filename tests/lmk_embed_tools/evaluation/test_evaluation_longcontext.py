@@ -271,6 +271,31 @@ def test_evaluate_compare_gives_paired_intervals_from_per_query_scores(lmk_check
         assert named in capsys.readouterr().err
 
 
+def test_a_pair_on_two_tasks_is_also_compared_over_both_tasks_queries():
+    from lmk_embed_tools.evaluation.longcontext import POOLED, paired_comparisons
+    from lmk_embed_tools.evaluation.table import paired_bootstrap
+
+    rng = np.random.default_rng(0)
+
+    def row(model, length, split, queries):
+        scores = {q: float(v) for q, v in zip(queries, rng.random(len(queries)))}
+        return {"model": model, "max_length": length, "split": split, "per_query": {"ndcg_at_10": scores}}
+
+    first, second = [f"a{i}" for i in range(7)], [f"b{i}" for i in range(5)]
+    rows = [row(m, n, split, qs) for split, qs in (("one", first), ("two", second)) for m, n in (("x", 64), ("y", 32))]
+    rows.append(row("x", 128, "one", first))  # on one task only: no pooled entry for it
+    found = paired_comparisons(rows, [(("x", 64), ("y", 32)), (("x", 128), ("y", 32))])
+    per_task = [c for c in found if c["task"] != POOLED]
+    (pooled,) = [c for c in found if c["task"] == POOLED]
+    assert [(c["task"], c["row"]) for c in per_task] == [("one", "x@64"), ("one", "x@128"), ("two", "x@64")]
+    assert (pooled["row"], pooled["rival"], pooled["tasks"], pooled["queries"]) == ("x@64", "y@32", ["one", "two"], 12)
+    by = {(r["model"], r["split"]): r["per_query"]["ndcg_at_10"] for r in rows if r["max_length"] != 128}
+    mine = [by["x", t][q] for t, qs in (("one", first), ("two", second)) for q in sorted(qs)]
+    theirs = [by["y", t][q] for t, qs in (("one", first), ("two", second)) for q in sorted(qs)]
+    assert pooled["difference"] == pytest.approx(np.mean(np.subtract(mine, theirs)))
+    assert (pooled["low"], pooled["high"]) == pytest.approx(paired_bootstrap(mine, theirs)[1:])
+
+
 def test_evaluate_reads_a_beir_folder_and_names_a_bad_task(tmp_path, capsys):
     from lmk_embed_tools import cli
     folder = tmp_path / "tiny-beir"
