@@ -80,7 +80,7 @@ def paired_comparisons(rows: list[dict], pairs) -> list[dict]:
     found = {(r["model"], r["max_length"], r["split"]): r for r in rows}
     results, pooled = [], {}
     for task in dict.fromkeys(r["split"] for r in rows):
-        for (name, length), (rival, rival_length) in pairs:
+        for (name, length), (rival, rival_length) in dict.fromkeys(pairs):  # a repeated pair counts once
             row, other = found.get((name, length, task)), found.get((rival, rival_length, task))
             if row is None or other is None:
                 continue  # a synthetic task is generated per length: no row of it at another length

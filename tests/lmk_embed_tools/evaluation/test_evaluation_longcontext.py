@@ -283,8 +283,8 @@ def test_a_pair_on_two_tasks_is_also_compared_over_both_tasks_queries():
 
     first, second = [f"a{i}" for i in range(7)], [f"b{i}" for i in range(5)]
     rows = [row(m, n, split, qs) for split, qs in (("one", first), ("two", second)) for m, n in (("x", 64), ("y", 32))]
-    rows.append(row("x", 128, "one", first))  # on one task only: no pooled entry for it
-    found = paired_comparisons(rows, [(("x", 64), ("y", 32)), (("x", 128), ("y", 32))])
+    rows.append(row("x", 128, "one", first))  # on one task only (and asked twice): no pooled entry for it
+    found = paired_comparisons(rows, [(("x", 64), ("y", 32)), (("x", 128), ("y", 32)), (("x", 128), ("y", 32))])
     per_task = [c for c in found if c["task"] != POOLED]
     (pooled,) = [c for c in found if c["task"] == POOLED]
     assert [(c["task"], c["row"]) for c in per_task] == [("one", "x@64"), ("one", "x@128"), ("two", "x@64")]
