@@ -71,32 +71,31 @@ def evaluate_jobs(retrievers: list, jobs: list[tuple[str, int, object]], cache_d
 def paired_comparisons(rows: list[dict], pairs) -> list[dict]:
     """For each ((name, length), (rival, rival length)) in `pairs`, on every task of `rows` (rows of
     `evaluate_jobs(..., per_query=True)`): {"task", "row", "rival", "metric", "difference", "low",
-    "high"}, the nDCG@10 difference and its 95% paired bootstrap interval (`table.compare`).
+    "high"}, the nDCG@10 difference and its 95% paired bootstrap interval, as `table.compare` gives it.
 
     A pair found on two tasks or more also gets one entry with task POOLED: the same bootstrap over
     all those tasks' queries together (more queries, a narrower interval than any one task's)."""
-    from .table import compare, paired_bootstrap
+    from .table import paired_bootstrap, paired_scores
 
     found = {(r["model"], r["max_length"], r["split"]): r for r in rows}
-    results, pooled = [], {}
+    results, pooled = [], {}  # pooled: (row, rival) -> {task: its paired scores}
     for task in dict.fromkeys(r["split"] for r in rows):
         for (name, length), (rival, rival_length) in dict.fromkeys(pairs):  # a repeated pair counts once
             row, other = found.get((name, length, task)), found.get((rival, rival_length, task))
             if row is None or other is None:
                 continue  # a synthetic task is generated per length: no row of it at another length
-            difference, low, high = compare(row, other)
             key = (f"{name}@{length}", f"{rival}@{rival_length}")
+            scores = paired_scores(row, other)
+            pooled.setdefault(key, {})[task] = scores
+            difference, low, high = paired_bootstrap(*scores)
             results.append({"task": task, "row": key[0], "rival": key[1],
                             "metric": "ndcg_at_10", "difference": difference, "low": low, "high": high})
-            mine, theirs = row["per_query"]["ndcg_at_10"], other["per_query"]["ndcg_at_10"]
-            scores = pooled.setdefault(key, ([], [], []))
-            scores[0].extend(mine[q] for q in sorted(mine))
-            scores[1].extend(theirs[q] for q in sorted(mine))
-            scores[2].append(task)
-    for (name, rival), (mine, theirs, tasks) in pooled.items():
-        if len(tasks) > 1:
+    for (name, rival), by_task in pooled.items():
+        if len(by_task) > 1:
+            mine = [score for scores, _ in by_task.values() for score in scores]
+            theirs = [score for _, scores in by_task.values() for score in scores]
             difference, low, high = paired_bootstrap(mine, theirs)
-            results.append({"task": POOLED, "tasks": tasks, "queries": len(mine), "row": name, "rival": rival,
+            results.append({"task": POOLED, "tasks": list(by_task), "queries": len(mine), "row": name, "rival": rival,
                             "metric": "ndcg_at_10", "difference": difference, "low": low, "high": high})
     return results
 

@@ -131,8 +131,8 @@ def paired_bootstrap(scores_a, scores_b, resamples: int = 10_000, confidence: fl
     return float(difference.mean()), float(low), float(high)
 
 
-def compare(row: dict, rival: dict, metric: str = "ndcg_at_10", **bootstrap) -> tuple[float, float, float]:
-    """`paired_bootstrap` of two rows of `evaluate_table(..., per_query=True)` on the same split."""
+def paired_scores(row: dict, rival: dict, metric: str = "ndcg_at_10") -> tuple[list[float], list[float]]:
+    """Two rows' per-query `metric` scores on the same split, in one query order: `([Q], [Q])`."""
     if metric not in METRICS:
         raise ValueError(f"Unknown `metric` {metric!r}; expected one of {list(METRICS)}.")
     for name, r in (("row", row), ("rival", rival)):
@@ -144,7 +144,12 @@ def compare(row: dict, rival: dict, metric: str = "ndcg_at_10", **bootstrap) -> 
     if set(mine) != set(theirs):
         raise ValueError(f"`row` and `rival` were scored on different queries of {row['split']!r}.")
     queries = sorted(mine)
-    return paired_bootstrap([mine[q] for q in queries], [theirs[q] for q in queries], **bootstrap)
+    return [mine[q] for q in queries], [theirs[q] for q in queries]
+
+
+def compare(row: dict, rival: dict, metric: str = "ndcg_at_10", **bootstrap) -> tuple[float, float, float]:
+    """`paired_bootstrap` of two rows of `evaluate_table(..., per_query=True)` on the same split."""
+    return paired_bootstrap(*paired_scores(row, rival, metric), **bootstrap)
 
 
 def format_table(rows: list[dict], metric: str = "ndcg_at_10") -> str:
