@@ -35,7 +35,7 @@ from pathlib import Path
 BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BASE_ROW = "base MiniLM (mean)"
 METRICS = ("ndcg_at_10", "recall_at_1")
-# The two budgets. `demo` fits 20 minutes on 2 idle CPU cores (1,061 s measured); `full` fits an hour.
+# The two budgets. `demo` took 1,061 s on 2 idle CPU cores (1,797 s on a slower machine); `full` fits an hour.
 BUDGETS = {
     # The demo's length table is the sample (20 queries, 40 pages, two lengths) that its 20 minutes
     # allow; `full` runs the LongEmbed scale (50 queries, 100 pages) at every length to 4096.
@@ -480,7 +480,7 @@ def compare_results(new: Path, old: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo", help="demo (about 18 min on 2 cores) or full (1 hour)")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo", help="demo (18-30 min on 2 cores) or full (1 hour)")
     parser.add_argument("--out", default=None, help="where data, checkpoints and results go (default: runs/<budget>)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per model (default: the budget's)")
     parser.add_argument("--ablate", nargs="+", default=None, metavar="KEY=VALUE",
