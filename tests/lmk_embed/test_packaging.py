@@ -26,6 +26,8 @@ report["auto_class"] = type(auto).__name__
 report["max_abs_diff"] = float(np.abs(a - b).max())
 report["shape"] = list(a.shape)
 report["query_prompt"] = st.prompts.get("query")
+report["st_max_seq_length"] = st.max_seq_length
+report["tokens"] = [len(ids) for ids in st.tokenize(texts)["input_ids"].tolist()]
 
 st.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=lora_targets))
 trainable = {{n: p.detach().clone() for n, p in st.named_parameters() if p.requires_grad}}
@@ -75,6 +77,21 @@ def test_lmk_checkpoint_contract(minilm_lmk_checkpoint, tmp_path):
     reports = check_contract(minilm_lmk_checkpoint, tmp_path, ["query", "value"])
     assert reports["folder"]["auto_class"] == "LMKModel"
     assert reports["folder"]["shape"] == [len(TEXTS), 384]
+
+
+@pytest.mark.slow
+def test_extended_checkpoint_contract(minilm_path, tmp_path):
+    """MiniLM extended to 4,096 positions: a text past 512 tokens runs whole, through both loaders, by
+    folder and by model id, with the same vectors; LoRA trains."""
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from tests.helpers import stdlib_texts
+
+    checkpoint = convert_to_lmk(minilm_path, tmp_path / "extended", granularity=32, max_positions=4096)
+    long_text = " ".join(stdlib_texts(4))  # about 1,250 tokens with its landmarks
+    reports = check_contract(checkpoint, tmp_path, ["query", "value"], texts=[*TEXTS[:4], long_text])
+    for report in reports.values():
+        assert report["st_max_seq_length"] == 4096
+        assert 1024 < report["tokens"][-1] < 4096  # past the original 512 rows, and not truncated
 
 
 def test_recurrent_checkpoint_contract(mamba2_checkpoint, tmp_path):
