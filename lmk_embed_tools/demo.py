@@ -35,7 +35,7 @@ from pathlib import Path
 BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BASE_ROW = "base MiniLM (mean)"
 METRICS = ("ndcg_at_10", "recall_at_1")
-# The two budgets. `demo` took 1,061 s on 2 idle CPU cores (1,797 s on a slower machine); `full` fits an hour.
+# The two budgets. `demo` took 1,061 s on 2 idle CPU cores (1,797 s on an earlier session's slower machine); `full` fits an hour.
 BUDGETS = {
     # The demo's length table is the sample (20 queries, 40 pages, two lengths) that its 20 minutes
     # allow; `full` runs the LongEmbed scale (50 queries, 100 pages) at every length to 4096.
