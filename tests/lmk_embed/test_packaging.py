@@ -7,7 +7,8 @@ import json
 import pytest
 
 from lmk_embed_tools.push import install_in_hub_cache
-from tests.helpers import run_fresh_python
+from lmk_embed_tools.training.convert import convert_to_lmk
+from tests.helpers import run_fresh_python, stdlib_texts
 
 CONTRACT_SCRIPT = r"""
 import json, os, sys
@@ -27,7 +28,7 @@ report["max_abs_diff"] = float(np.abs(a - b).max())
 report["shape"] = list(a.shape)
 report["query_prompt"] = st.prompts.get("query")
 report["st_max_seq_length"] = st.max_seq_length
-report["tokens"] = [len(ids) for ids in st.tokenize(texts)["input_ids"].tolist()]
+report["tokens"] = st.tokenize(texts)["attention_mask"].sum(1).tolist()  # real tokens, padding left out
 
 st.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=lora_targets))
 trainable = {{n: p.detach().clone() for n, p in st.named_parameters() if p.requires_grad}}
@@ -83,9 +84,6 @@ def test_lmk_checkpoint_contract(minilm_lmk_checkpoint, tmp_path):
 def test_extended_checkpoint_contract(minilm_path, tmp_path):
     """MiniLM extended to 4,096 positions: a text past 512 tokens runs whole, through both loaders, by
     folder and by model id, with the same vectors; LoRA trains."""
-    from lmk_embed_tools.training.convert import convert_to_lmk
-    from tests.helpers import stdlib_texts
-
     checkpoint = convert_to_lmk(minilm_path, tmp_path / "extended", granularity=32, max_positions=4096)
     long_text = " ".join(stdlib_texts(4))  # about 1,250 tokens with its landmarks
     reports = check_contract(checkpoint, tmp_path, ["query", "value"], texts=[*TEXTS[:4], long_text])
