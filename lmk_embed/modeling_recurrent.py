@@ -127,16 +127,82 @@ def ssd_reference(x, dt, A, B, C, D, initial_state=None):
     return torch.stack(outputs, dim=1), state
 
 
+# The factored scan's weights stay within e^±SSD_MAX_EXPONENT (5e21): far from float32's 3.4e38.
+SSD_MAX_EXPONENT = 50.0
+
+
 def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
-    """The same scan in chunks of `chunk_size` (Mamba2's SSD), lean for inference; float32 inside.
+    """The same scan in chunks (Mamba2's SSD), lean for inference; float32 inside.
 
     Shapes as in `ssd_reference`. Within a chunk the output is a masked (decayed) attention-like
     product; between chunks only the [h, p, n] state is carried, by a short loop over chunks.
-    Groups of B and C are never repeated per head, and the [q, q] decay is built once per head.
-    The products that read the state (chunk states, state term) take a group's heads together,
-    [r p, q] @ [q, n] and [q, n] @ [n, r p], in the [t, h p] layout the projections give: one
-    product per chunk instead of one 64 x 64 product per chunk and head, and no permuted copies.
+
+    The fast form factors the decay: exp(cum[l] - cum[s]) = exp(cum[l] - m) exp(m - cum[s]), with m
+    midway between the chunk's first and last cumulative log decay. The second factor goes into the
+    inputs and the first onto the outputs, so a group's heads share one masked [q, q] product of
+    C B^T and every product is a plain [q, *] GEMM over the group's heads together ([t, h p] layout,
+    no permuted copies): no [q, q] decay per head is built. Both factors stay within
+    e^(span / 2), span = the chunk's largest drop in cumulative log decay; where a chunk of
+    `chunk_size` would pass e^SSD_MAX_EXPONENT, the chunk is halved down to 32, and below that the
+    scan takes the log-space form (`_ssd_chunked_log_space`), which is stable for any decay.
     """
+    b, t, h, p = x.shape
+    log_decay = dt.float() * A.float()  # [b, t, h]
+    q = chunk_size
+    while _largest_span(log_decay, q) > 2 * SSD_MAX_EXPONENT:
+        if q < 64:  # below 32 the loop over chunks costs more than the log-space form saves
+            return _ssd_chunked_log_space(x, dt, A, B, C, D, chunk_size, initial_state)
+        q //= 2
+    g, n = B.shape[2], B.shape[3]
+    r = h // g
+    pad = (-t) % q
+    c = (t + pad) // q
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
+    if pad:  # zero padding: no input and no decay, so the final state is unchanged
+        dt, log_decay = F.pad(dt, (0, 0, 0, pad)), F.pad(log_decay, (0, 0, 0, pad))
+        B, C = F.pad(B, (0, 0, 0, 0, 0, pad)), F.pad(C, (0, 0, 0, 0, 0, pad))
+    cumulative = log_decay.view(b, c, q, h).cumsum(2)  # [b, c, q, h]
+    middle = (cumulative[:, :, :1] + cumulative[:, :, -1:]) / 2  # [b, c, 1, h], <= 0
+    grow = (torch.exp(middle - cumulative) * dt.view(b, c, q, h)).view(b, c * q, h, 1)
+    grown = F.pad(x * grow[:, :t], (0, 0, 0, 0, 0, pad)) if pad else x * grow
+    grown = grown.view(b, c, q, g, r * p).transpose(2, 3)  # [b, c, g, q, r p]: x dt exp(m - cum)
+    B_chunks = B.view(b, c, q, g, n).transpose(2, 3)  # [b, c, g, q, n]
+    C_chunks = C.view(b, c, q, g, n).transpose(2, 3)
+
+    partial = (grown.transpose(-1, -2) @ B_chunks).view(b, c, h, p, n)
+    to_middle = torch.exp(middle[:, :, 0])[..., None, None]  # [b, c, h, 1, 1]
+    middle_to_end = torch.exp(cumulative[:, :, -1] - middle[:, :, 0])[..., None, None]
+    partial = partial * middle_to_end  # each chunk's input to the state at its end
+
+    # y[l] = exp(cum[l] - m) (sum_{s<=l} (C[l] . B[s]) grown[s] + C[l] . exp(m) state) + D x[l]
+    scores = (C_chunks @ B_chunks.transpose(-1, -2)).masked_fill_(_future_mask(q, x.device), 0.0)  # [b, c, g, q, q]
+    y = scores @ grown  # [b, c, g, q, r p]
+    # The carry across chunks, one multiply-add per chunk on the [h, p, n] state; each chunk's state
+    # term is added as the carry reaches it, so the states entering the chunks are never all stored.
+    state = x.new_zeros(b, h, p, n) if initial_state is None else initial_state.float()
+    for chunk in range(c):
+        entering = state * to_middle[:, chunk]  # exp(m) state: the part of exp(cum[l]) that the output's factor lacks
+        for group, heads in enumerate(entering.view(b, g, r * p, n).unbind(1)):  # [b, q, r p] slices, in place
+            y[:, chunk, group].baddbmm_(C_chunks[:, chunk, group], heads.transpose(1, 2))
+        state = torch.addcmul(partial[:, chunk], entering, middle_to_end[:, chunk])
+    y = y.transpose(2, 3).reshape(b, c * q, h, p)
+    shrink = torch.exp(cumulative - middle).view(b, c * q, h, 1)
+    y = y[:, :t] * shrink[:, :t]
+    return torch.addcmul(y, x, D.float()[:, None]), state
+
+
+def _largest_span(log_decay, q: int) -> float:
+    """The largest drop in cumulative log decay within a chunk of q, over every chunk, row and head:
+    log_decay [b, t, h] -> -(sum of each chunk's log decays after its first), a float >= 0."""
+    b, t, h = log_decay.shape
+    padded = F.pad(log_decay, (0, 0, 0, (-t) % q)).view(b, -1, q, h)
+    return float(-padded[:, :, 1:].sum(2).min()) if q > 1 else 0.0
+
+
+def _ssd_chunked_log_space(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
+    """`ssd_chunked` with the decay built in log space, one [q, q] block per head: exp(cum[l] - cum[s])
+    is formed from the difference, so it holds for any decay, at the cost of four elementwise passes
+    over every head's [q, q] block. Shapes as in `ssd_reference`."""
     b, t, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     r, q = h // g, chunk_size
@@ -210,10 +276,8 @@ def causal_conv_with_state(inputs, weight, bias, state):
     dtype = weight.dtype
     previous = inputs.new_zeros(b, k - 1, channels, dtype=dtype) if state is None else state.transpose(1, 2).to(dtype)
     padded = torch.cat([previous, inputs.to(dtype)], dim=1)  # [b, t + k - 1, channels]
-    taps = weight.t()  # [k, channels]
-    out = padded[:, k - 1 :] * taps[k - 1]
-    if bias is not None:
-        out = out + bias
+    taps = weight.t().contiguous()  # [k, channels]; a strided tap makes each pass several times slower
+    out = padded[:, k - 1 :] * taps[k - 1] if bias is None else torch.addcmul(bias.to(dtype), padded[:, k - 1 :], taps[k - 1])
     for j in range(k - 1):
         out = torch.addcmul(out, padded[:, j : j + t], taps[j])
     return out, padded[:, t:].transpose(1, 2).clone()  # a copy: a view would keep `padded` alive

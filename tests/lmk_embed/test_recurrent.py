@@ -60,6 +60,32 @@ def test_chunked_scan_equals_the_recurrence(t, chunk, with_state, groups):
     torch.testing.assert_close(s, s_ref, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("decay, spans, log_space", [
+    (1.0, [64], False),  # every chunk of 64 within the factored form's range
+    (3.0, [64, 32], False),  # chunks of 64 would not be: halved to 32
+    (8.0, [64, 32], True),  # nor would chunks of 32: the log-space form
+])
+def test_chunked_scan_holds_for_strong_decay(monkeypatch, decay, spans, log_space):
+    """Strong decay (a log decay up to -`decay` per token) takes the scan off its factored form:
+    every path must still equal the recurrence."""
+    import lmk_embed.modeling_recurrent as recurrent
+
+    seen, fallbacks = [], []
+    largest_span, fallback = recurrent._largest_span, recurrent._ssd_chunked_log_space
+    monkeypatch.setattr(recurrent, "_largest_span", lambda log_decay, q: seen.append(q) or largest_span(log_decay, q))
+    monkeypatch.setattr(recurrent, "_ssd_chunked_log_space", lambda *a: fallbacks.append(1) or fallback(*a))
+    torch.manual_seed(0)
+    b, t, h, p, g, n = 2, 150, 4, 8, 2, 6
+    x, B, C = torch.randn(b, t, h, p), torch.randn(b, t, g, n), torch.randn(b, t, g, n)
+    dt, A, D = 0.5 + torch.rand(b, t, h) * 0.5, -torch.full((h,), decay), torch.randn(h)
+    state = torch.randn(b, h, p, n)
+    y_ref, s_ref = ssd_reference(x, dt, A, B, C, D, state)
+    y, s = ssd_chunked(x, dt, A, B, C, D, 64, state)
+    assert seen == spans and bool(fallbacks) == log_space
+    torch.testing.assert_close(y, y_ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(s, s_ref, atol=2e-5, rtol=1e-4)
+
+
 # ---- exactness against transformers' Mamba2Model ----------------------------------------------
 
 
@@ -73,6 +99,27 @@ def test_vertical_horizontal_and_reference_agree(model, length):
         horizontal = model(ids, schedule="horizontal").embeddings
     assert (vertical - expected).abs().max() <= 1e-4
     assert (horizontal - expected).abs().max() <= 1e-4
+
+
+def test_vertical_in_bfloat16_follows_transformers_in_bfloat16(mamba2_checkpoint):
+    """Loaded with dtype=torch.bfloat16 (the projections' fast path on CPUs with bf16 instructions),
+    the vertical schedule gives transformers' own bf16 forward to bf16 rounding, and stays near float32."""
+    import copy
+
+    model32 = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint).eval()
+    model16 = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint, dtype=torch.bfloat16).eval()
+    assert model16.backbone.layers[0].mixer.in_proj.weight.dtype == torch.bfloat16
+    reference = copy.deepcopy(model16.backbone)
+    torch.manual_seed(3)
+    ids = torch.randint(1, 600, (1, 3 * V + 17))
+    with torch.no_grad():
+        vertical = model16(ids, schedule="vertical").embeddings
+        expected = reference(ids).last_hidden_state[:, -1].float()
+        full = model32(ids, schedule="vertical").embeddings
+    assert vertical.dtype == torch.float32
+    cosine = torch.nn.functional.cosine_similarity
+    assert cosine(vertical, expected).min() >= 0.999
+    assert cosine(vertical, full).min() >= 0.999
 
 
 @pytest.mark.parametrize("block_size", [V, 7, 16, 1000])
