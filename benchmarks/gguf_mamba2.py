@@ -1,6 +1,6 @@
-"""A transformers Mamba2 backbone, exported as numpy arrays, written as a llama.cpp GGUF (fp32, f16, q8_0).
+"""A transformers Mamba2 backbone, exported as numpy arrays, written as a llama.cpp GGUF (fp32, f16, bf16, q8_0).
 
-    python -m benchmarks.gguf_mamba2 FOLDER [--formats f32 f16 q8_0]
+    python -m benchmarks.gguf_mamba2 FOLDER [--formats f32 f16 bf16 q8_0]
 
 Runs in the llama.cpp venv (`make bench-llamacpp` builds it: numpy, gguf, llama-cpp-python); it needs
 neither torch nor transformers. FOLDER holds what `benchmarks.recurrent_vs_llamacpp` exports:
@@ -9,8 +9,8 @@ neither torch nor transformers. FOLDER holds what `benchmarks.recurrent_vs_llama
                    num_heads, n_groups, expand, conv_kernel, layer_norm_epsilon, vocab_size)
     weights.npz    the backbone's state dict in transformers' names, float32
 
-and gets mamba2-f32.gguf, written here with the gguf package, then mamba2-f16.gguf and mamba2-q8_0.gguf
-made from it by llama.cpp's own quantizer (`llama_cpp.llama_model_quantize`), which keeps the 1-D
+and gets mamba2-f32.gguf, written here with the gguf package, then mamba2-f16.gguf, mamba2-bf16.gguf
+and mamba2-q8_0.gguf made from it by llama.cpp's own quantizer (`llama_cpp.llama_model_quantize`), which keeps the 1-D
 tensors, the norms and the conv1d in f32 and converts token_embd, ssm_in and ssm_out.
 
 Why not llama.cpp's convert_hf_to_gguf.py: its Mamba2 path stores a tokenizer.json as a GPT-2 BPE
@@ -45,7 +45,7 @@ import argparse
 import json
 from pathlib import Path
 
-FORMATS = ("f32", "f16", "q8_0")
+FORMATS = ("f32", "f16", "bf16", "q8_0")
 
 
 def gguf_path(folder: Path, fmt: str) -> Path:
@@ -116,10 +116,11 @@ def write_f32(folder: Path) -> Path:
 
 
 def quantize(source: Path, target: Path, fmt: str, threads: int = 2) -> Path:
-    """llama.cpp's quantizer: source GGUF -> target GGUF of file type `fmt` ("f16" or "q8_0")."""
+    """llama.cpp's quantizer: source GGUF -> target GGUF of file type `fmt` ("f16", "bf16" or "q8_0")."""
     import llama_cpp
 
-    ftype = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[fmt]
+    ftype = {"f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+             "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[fmt]
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = threads

@@ -17,28 +17,31 @@ Models (random weights, seed 0, our tokenizer's vocabulary: MiniLM's WordPiece w
 
 Steps, per shape:
 1. The model is saved for our workers and exported (config.json + weights.npz) for
-   `benchmarks.gguf_mamba2`, which writes GGUF fp32 and quantizes it to f16 and q8_0 with llama.cpp's
-   quantizer. The GGUF has no vocabulary: both engines get token ids (see gguf_mamba2's docstring).
+   `benchmarks.gguf_mamba2`, which writes GGUF fp32 and quantizes it to f16, bf16 and q8_0 with
+   llama.cpp's quantizer. The GGUF has no vocabulary: both engines get token ids (see gguf_mamba2's docstring).
 2. Agreement: at --check-length tokens, our `encode()` of a stdlib-documentation text (EOS appended by
    our tokenizer) against llama.cpp's embedding mode on the very ids our tokenizer gave
    (`pooling_type=LAST`, decoded in micro-batches that carry the state, `llama_get_embeddings_seq`),
-   both L2-normalised: the largest absolute difference and the cosine for every llama.cpp point.
+   both L2-normalised: the largest absolute difference and the cosine for every llama.cpp point, and
+   for ours in bfloat16 against ours in float32.
 3. Timing: for each T and thread count, every engine point (ours; each llama.cpp point) is a fresh
    process that loads its model and warms up on two blocks once; its peak RSS is its own. The runs
    are interleaved across them (ours, llama f32/u512, llama f32/u2048, ..., ours, ...), best of
    --repeats. Ours is `encode(text, max_length=T)`, vertical schedule, V=--block-size (tokenization
-   included). A llama.cpp point FORMAT/uN[/eos] decodes the T ids in micro-batches of n_ubatch = N
+   included), in each of --dtypes: `ours f32` is the checkpoint as saved, `ours bf16` the same loaded
+   with `dtype=torch.bfloat16` (projections in bfloat16; the scan and the norms stay float32 inside).
+   A llama.cpp point FORMAT/uN[/eos] decodes the T ids in micro-batches of n_ubatch = N
    (default: its own 512, and our V), in one of two modes:
        FORMAT/uN       embedding mode throughout, as llama.cpp's embedding path runs: every token is
                        an output, so every token also goes through the LM head (vocab x d per token)
        FORMAT/uN/eos   embedding mode for the EOS only (`llama_set_embeddings` off for the first T-1
                        tokens, which output only their micro-batch's last token): the same embedding
                        without the LM head on all tokens
-   Prints tokens/s and peak RSS per engine point, ours / llama.cpp's fastest point at that T and
-   thread count, and ours / the fastest plain embedding-mode point.
+   Prints tokens/s and peak RSS per engine point, and each of ours over llama.cpp's fastest point at
+   that T and thread count, and over the fastest plain embedding-mode point.
 
---quick (22 minutes on 2 idle cores, measured): both shapes, threads 1 2, 2 runs, small at 4k/16k/64k,
-130m at 4k only, llama.cpp points f32/u512 f32/u512/eos q8_0/u2048/eos.
+--quick: both shapes, threads 1 2, 2 runs, small at 4k/16k/64k, 130m at 4k/16k, ours in float32 and
+bfloat16, llama.cpp points f32/u512 f32/u512/eos f16/u512/eos bf16/u512/eos q8_0/u2048/eos.
 
 Writes benchmarks/results/recurrent_vs_llamacpp.json and .png. GGUFs and texts go to --workdir.
 """
@@ -62,7 +65,8 @@ SHAPES = {  # hidden_size, layers, state_size; head_dim 64, expand 2, n_groups 1
     "small": (256, 8, 64),
     "130m": (768, 24, 128),
 }
-FORMATS = ("f32", "f16", "q8_0")
+FORMATS = ("f32", "f16", "bf16", "q8_0")
+DTYPES = ("float32", "bfloat16")  # ours: the checkpoint as saved, and loaded with dtype=torch.bfloat16
 DEFAULT_PEER = ROOT / "runs" / "venv-llamacpp" / "bin" / "python"
 RESULT = "RESULT "  # the prefix of a worker's one JSON line on stdout
 
@@ -127,7 +131,7 @@ def prepare_shape(shape: str, args) -> dict:
     for name in sorted(state):
         digest.update(name.encode() + state[name].numpy().tobytes())
     fingerprint = {"sha1": digest.hexdigest()}
-    gguf = {fmt: str(folder / f"mamba2-{fmt}.gguf") for fmt in FORMATS}  # all three: seconds, even at 130m
+    gguf = {fmt: str(folder / f"mamba2-{fmt}.gguf") for fmt in FORMATS}  # every format: seconds, even at 130m
     stamp = folder / "fingerprint.json"
     if stamp.exists() and json.loads(stamp.read_text()) == fingerprint and all(Path(p).exists() for p in gguf.values()):
         print(f"[{shape}] GGUFs up to date in {folder}")
@@ -185,7 +189,7 @@ def ours_worker(args):
     from lmk_embed.modeling_recurrent import RecurrentEmbedModel
 
     torch.set_num_threads(args.threads)
-    model = RecurrentEmbedModel.from_pretrained(args.model).eval()
+    model = RecurrentEmbedModel.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
     model.tokenizer = load_tokenizer()
     text = Path(args.text).read_text()
     V = args.block_size
@@ -274,14 +278,14 @@ class Worker:
 
     def __init__(self, python: str, engine: str, log: Path, *, model: str, length: int, threads: int,
                  text: str = "", ids: str = "", ubatch: int = 0, block_size: int = 0, eos_only: bool = False,
-                 emit_embedding: bool = False):
+                 emit_embedding: bool = False, dtype: str = "float32"):
         command = [python, "-m", "benchmarks.recurrent_vs_llamacpp", "--worker", engine, "--model", model,
                    "--length", str(length), "--worker-threads", str(threads), "--ids", ids, "--text", text,
-                   "--ubatch", str(ubatch), "--block-size", str(block_size)]
+                   "--ubatch", str(ubatch), "--block-size", str(block_size), "--dtype", dtype]
         command += (["--eos-only"] if eos_only else []) + (["--emit-embedding"] if emit_embedding else [])
         env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.log, self.name = log, f"{engine} {Path(model).name}"
+        self.log, self.name = log, f"{engine} {Path(model).name} {dtype if engine == 'ours' else ''}"
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=log.open("w"), text=True, bufsize=1)
         self.ready = self._read()
@@ -306,6 +310,11 @@ class Worker:
 # ---- the benchmark ------------------------------------------------------------------------------------------
 
 
+def short(dtype: str) -> str:
+    """"float32" -> "f32", "bfloat16" -> "bf16": our dtypes in the GGUF formats' words."""
+    return {"float32": "f32", "bfloat16": "bf16"}[dtype]
+
+
 def parse_point(label: str) -> dict:
     """"q8_0/u512/eos" -> {"format": "q8_0", "ubatch": 512, "eos_only": True}; "/eos" is optional."""
     fmt, ubatch, *mode = label.split("/")
@@ -325,11 +334,27 @@ def agreement(shape: str, prepared: dict, inputs: dict, args) -> dict:
     --check-length tokens, for every llama.cpp point; threads max(--threads)."""
     import numpy as np
 
+    import copy
+
+    import torch
+
     length, threads = args.check_length, max(args.threads)
-    ours = np.asarray(prepared["model"].encode(Path(inputs[length]["text"]).read_text(), max_length=length,
-                                               schedule="vertical", block_size=args.block_size), dtype=np.float64)
-    ours /= np.linalg.norm(ours)
+    text = Path(inputs[length]["text"]).read_text()
+
+    def embed(model):
+        vector = model.encode(text, max_length=length, schedule="vertical", block_size=args.block_size)
+        return np.asarray(vector, dtype=np.float64) / np.linalg.norm(vector)
+
+    ours = embed(prepared["model"])
     rows = {}
+    for dtype in [dtype for dtype in args.dtypes if dtype != "float32"]:
+        lower = copy.deepcopy(prepared["model"]).to(getattr(torch, dtype))
+        lower.tokenizer = prepared["model"].tokenizer
+        theirs = embed(lower)
+        rows[f"ours {short(dtype)}"] = {"max_abs_diff": float(np.abs(ours - theirs).max()), "cosine": float(ours @ theirs)}
+        print(f"[{shape}] T={length} ours {short(dtype)} against ours fp32: max difference "
+              f"{rows[f'ours {short(dtype)}']['max_abs_diff']:.1e}  cosine {rows[f'ours {short(dtype)}']['cosine']:.7f}", flush=True)
+        del lower
     for point in args.points:
         log = args.workdir / "logs" / f"check-{shape}-{point.replace('/', '-')}.log"
         worker = llama_worker_for(point, prepared, log, length, threads, inputs[length]["ids"], args,
@@ -351,16 +376,17 @@ def agreement(shape: str, prepared: dict, inputs: dict, args) -> dict:
 def time_point(shape: str, prepared: dict, inputs: dict, length: int, threads: int, args) -> dict:
     """One fresh process per engine point, runs interleaved (ours, llama f32/u512, ..., ours, ...),
     best of --repeats -> the row for (shape, T, threads)."""
-    names = ["ours"] + [f"llama {point}" for point in args.points]
+    ours_names = {f"ours {short(dtype)}": dtype for dtype in args.dtypes}
+    names = list(ours_names) + [f"llama {point}" for point in args.points]
     logs = args.workdir / "logs"
     workers = {}
     try:
         for name in names:  # started one after another: no start-up overlaps a timed run
             log = logs / f"{shape}-T{length}-t{threads}-{name.replace(' ', '-').replace('/', '-')}.log"
-            if name == "ours":
+            if name in ours_names:
                 workers[name] = Worker(sys.executable, "ours", log, model=prepared["ours"], length=length,
                                        threads=threads, text=inputs[length]["text"], ids=inputs[length]["ids"],
-                                       block_size=args.block_size)
+                                       block_size=args.block_size, dtype=ours_names[name])
             else:
                 workers[name] = llama_worker_for(name.split()[1], prepared, log, length, threads,
                                                  inputs[length]["ids"], args)
@@ -377,20 +403,18 @@ def time_point(shape: str, prepared: dict, inputs: dict, length: int, threads: i
         engines[name] = {"seconds_min": min(seconds), "seconds_max": max(seconds),
                          "tokens_per_s": length / min(seconds), "peak_rss_mb": results[-1]["peak_rss_mb"], "ready_rss_mb": workers[name].ready["ready_rss_mb"]}
     row = {"shape": shape, "tokens": length, "threads": threads, "engines": engines}
-    ours = engines["ours"]["tokens_per_s"]
-    for key, keep in (("", lambda n: True), ("_embedding_mode", lambda n: not n.endswith("/eos"))):
-        candidates = [n for n in engines if n != "ours" and keep(n)]
-        if candidates:
-            fastest = max(candidates, key=lambda n: engines[n]["tokens_per_s"])
-            row[f"llama_fastest{key}"] = fastest
-            row[f"ours_over_llama{key}"] = ours / engines[fastest]["tokens_per_s"]
     print(f"[{shape}] T={length:>7,} threads={threads}  " + "  ".join(
         f"{name} {e['tokens_per_s']:,.0f} tok/s ({e['peak_rss_mb']:,.0f} MB)" for name, e in engines.items()))
-    line = f"           ours / llama.cpp's fastest ({row['llama_fastest']}) {row['ours_over_llama']:.2f}"
-    if "llama_fastest_embedding_mode" in row:
-        line += (f"   ours / fastest in plain embedding mode ({row['llama_fastest_embedding_mode']}) "
-                 f"{row['ours_over_llama_embedding_mode']:.2f}")
-    print(line, flush=True)
+    for key, keep in (("", lambda n: True), ("_embedding_mode", lambda n: not n.endswith("/eos"))):
+        candidates = [n for n in engines if n.startswith("llama ") and keep(n)]
+        if not candidates:
+            continue
+        fastest = max(candidates, key=lambda n: engines[n]["tokens_per_s"])
+        row[f"llama_fastest{key}"] = fastest
+        for name in ours_names:  # "ours_f32_over_llama", "ours_bf16_over_llama_embedding_mode", ...
+            row[f"{name.replace(' ', '_')}_over_llama{key}"] = engines[name]["tokens_per_s"] / engines[fastest]["tokens_per_s"]
+        print(f"           over llama.cpp's fastest{' in plain embedding mode' if key else ''} ({fastest}): " + "  ".join(
+            f"{name} {row[name.replace(' ', '_') + '_over_llama' + key]:.2f}" for name in ours_names), flush=True)
     return row
 
 
@@ -410,11 +434,12 @@ def plot(rows: list[dict], path: Path) -> None:
             if not mine:
                 continue
             lengths = [r["tokens"] for r in mine]
-            ax.plot(lengths, [r["engines"]["ours"]["tokens_per_s"] for r in mine], style, marker="o", color="k",
-                    label=f"ours, {threads} thr")
+            for name, color in zip([n for n in mine[0]["engines"] if n.startswith("ours ")], ("k", "0.5")):
+                ax.plot(lengths, [r["engines"][name]["tokens_per_s"] for r in mine], style, marker="o", color=color,
+                        label=f"{name}, {threads} thr")
             kinds = {}  # (format, eos_only) -> names
             for name in mine[0]["engines"]:
-                if name != "ours":
+                if name.startswith("llama "):
                     spec = parse_point(name.split()[1])
                     kinds.setdefault((spec["format"], spec["eos_only"]), []).append(name)
             ordered = sorted(kinds.items(), key=lambda kv: (kv[0][1], FORMATS.index(kv[0][0])))
@@ -429,7 +454,7 @@ def plot(rows: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
-QUICK_POINTS = ["f32/u512", "f32/u512/eos", "q8_0/u2048/eos"]
+QUICK_POINTS = ["f32/u512", "f32/u512/eos", "f16/u512/eos", "bf16/u512/eos", "q8_0/u2048/eos"]
 
 
 def main() -> None:
@@ -448,12 +473,14 @@ def main() -> None:
     parser.add_argument("--points", nargs="+", default=None,
                         help="explicit llama.cpp points FORMAT/uN[/eos] instead of formats x ubatches x modes")
     parser.add_argument("--block-size", type=int, default=2048, help="our V")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES),
+                        help="ours: as saved (float32), and loaded with dtype=torch.bfloat16")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--check-length", type=int, default=4096)
     parser.add_argument("--check-only", action="store_true", help="conversion and agreement only")
     parser.add_argument("--quick", action="store_true",
-                        help=f"the short set (22 minutes on 2 idle cores): both shapes, threads 1 2, 2 runs, small at 4k/16k/64k, "
-                             f"130m at 4k only, llama.cpp points {' '.join(QUICK_POINTS)}")
+                        help=f"the short set: both shapes, threads 1 2, 2 runs, small at 4k/16k/64k, "
+                             f"130m at 4k/16k, llama.cpp points {' '.join(QUICK_POINTS)}")
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "llamacpp" / "work")
     # worker mode (internal)
     parser.add_argument("--worker", choices=["ours", "llama"], help=argparse.SUPPRESS)
@@ -465,6 +492,7 @@ def main() -> None:
     parser.add_argument("--ubatch", type=int, default=512, help=argparse.SUPPRESS)
     parser.add_argument("--emit-embedding", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--eos-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
@@ -475,7 +503,7 @@ def main() -> None:
         parser.error("--peer-python is needed (`make bench-llamacpp` builds runs/venv-llamacpp)")
     if args.quick:
         args.shapes, args.threads, args.repeats = list(SHAPES), [1, 2], 2
-        args.lengths, args.max_length_130m, args.points = [4096, 16384, 65536], 4096, QUICK_POINTS
+        args.lengths, args.max_length_130m, args.points = [4096, 16384, 65536], 16384, QUICK_POINTS
     ubatches = args.ubatches or sorted({512, args.block_size})
     args.points = args.points or [f"{fmt}/u{ub}{'/eos' if mode == 'eos' else ''}"
                                   for mode in args.modes for fmt in args.formats for ub in ubatches]
@@ -489,7 +517,7 @@ def main() -> None:
 
     started = time.perf_counter()
     inputs = write_inputs(args, load_tokenizer())
-    results = {"block_size": args.block_size, "points": args.points, "repeats": args.repeats,
+    results = {"block_size": args.block_size, "points": args.points, "dtypes": args.dtypes, "repeats": args.repeats,
                "torch": torch.__version__, "agreement": {}, "rows": [],
                "peer": subprocess.run([str(args.peer_python), "-c", "import llama_cpp; print(llama_cpp.__version__)"],
                                       capture_output=True, text=True).stdout.strip()}
@@ -509,8 +537,8 @@ def main() -> None:
     save_results("recurrent_vs_llamacpp", results)
     if results["rows"]:
         plot(results["rows"], RESULTS_DIR / "recurrent_vs_llamacpp.png")
-        print(json.dumps({f"ours_over_llama_{r['shape']}_T{r['tokens']}_t{r['threads']}": round(r["ours_over_llama"], 2)
-                          for r in results["rows"]}))
+        print(json.dumps({f"{key}_{r['shape']}_T{r['tokens']}_t{r['threads']}": round(value, 2)
+                          for r in results["rows"] for key, value in r.items() if key.endswith("_over_llama")}))
     print(f"wall time {results['wall_seconds']:.0f}s")
 
 
