@@ -146,6 +146,9 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     `chunk_size` would pass e^SSD_MAX_EXPONENT, the chunk is halved down to 32, and below that the
     scan takes the log-space form (`_ssd_chunked_log_space`), which is stable for any decay.
     """
+    if torch.is_autocast_enabled(x.device.type):  # float32 inside also under autocast (bf16 training)
+        with torch.autocast(x.device.type, enabled=False):
+            return ssd_chunked(x, dt, A, B, C, D, chunk_size, initial_state)
     b, t, h, p = x.shape
     log_decay = dt.float() * A.float()  # [b, t, h]
     q = chunk_size
