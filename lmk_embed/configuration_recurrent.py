@@ -11,8 +11,9 @@ from .compat import restore_transformers_model_types
 SCHEDULES = ("auto", "horizontal", "vertical")
 AUTO = "auto"
 # The CPU block rule's budget: a block's per-layer working set should stay in the caches of a few
-# cores (L2 + a share of L3). 32 MiB puts d=256 at V=2048, which beat V=4096 on a 2-core CPU.
-CPU_CACHE_BUDGET = 32 * 2**20
+# cores (L2 + a share of L3). 8 MiB puts d=256 at V=512, the fastest V on two 2-core CPUs (float32
+# and bfloat16, 1 and 2 threads), and d=768 at 256, level with 512 there (docs/recurrent-schedules.md).
+CPU_CACHE_BUDGET = 8 * 2**20
 # Floats a Mamba2-style layer touches per token, per unit of width d (expand 2): in_proj's output
 # (~4.5d), the conv's input, padded copy and output (~7.5d), gate, y and the normed y (~3d), hidden
 # and residual (~1d); rounded up to 16.
