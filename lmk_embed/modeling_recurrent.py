@@ -150,24 +150,24 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
         with torch.autocast(x.device.type, enabled=False):
             return ssd_chunked(x, dt, A, B, C, D, chunk_size, initial_state)
     b, t, h, p = x.shape
-    log_decay = dt.float() * A.float()  # [b, t, h]
+    g, n = B.shape[2], B.shape[3]
+    r = h // g
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
+    log_decay = dt * A.float()  # [b, t, h]
     q = chunk_size
-    while _largest_span(log_decay, q) > 2 * SSD_MAX_EXPONENT:
+    cumulative = _chunk_cumsum(log_decay, q)  # [b, c, q, h]
+    while float((cumulative[:, :, 0] - cumulative[:, :, -1]).max()) > 2 * SSD_MAX_EXPONENT:
         if q < 64:  # below 32 the loop over chunks costs more than the log-space form saves
             return _ssd_chunked_log_space(x, dt, A, B, C, D, chunk_size, initial_state)
         q //= 2
-    g, n = B.shape[2], B.shape[3]
-    r = h // g
-    pad = (-t) % q
-    c = (t + pad) // q
-    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
-    if pad:  # zero padding: no input and no decay, so the final state is unchanged
-        dt, log_decay = F.pad(dt, (0, 0, 0, pad)), F.pad(log_decay, (0, 0, 0, pad))
-        B, C = F.pad(B, (0, 0, 0, 0, 0, pad)), F.pad(C, (0, 0, 0, 0, 0, pad))
-    cumulative = log_decay.view(b, c, q, h).cumsum(2)  # [b, c, q, h]
+        cumulative = _chunk_cumsum(log_decay, q)
+    c = cumulative.shape[1]
+    pad = c * q - t
     middle = (cumulative[:, :, :1] + cumulative[:, :, -1:]) / 2  # [b, c, 1, h], <= 0
-    grow = (torch.exp(middle - cumulative) * dt.view(b, c, q, h)).view(b, c * q, h, 1)
-    grown = F.pad(x * grow[:, :t], (0, 0, 0, 0, 0, pad)) if pad else x * grow
+    grow = torch.exp(middle - cumulative).view(b, c * q, h)[:, :t] * dt
+    grown = x * grow[..., None]  # x dt exp(m - cum): [b, t, h, p]
+    if pad:  # zero inputs at no decay: the final state is unchanged
+        grown, B, C = (F.pad(tensor, (0, 0, 0, 0, 0, pad)) for tensor in (grown, B, C))
     grown = grown.view(b, c, q, g, r * p).transpose(2, 3)  # [b, c, g, q, r p]: x dt exp(m - cum)
     B_chunks = B.view(b, c, q, g, n).transpose(2, 3)  # [b, c, g, q, n]
     C_chunks = C.view(b, c, q, g, n).transpose(2, 3)
@@ -180,26 +180,25 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     # y[l] = exp(cum[l] - m) (sum_{s<=l} (C[l] . B[s]) grown[s] + C[l] . exp(m) state) + D x[l]
     scores = (C_chunks @ B_chunks.transpose(-1, -2)).masked_fill_(_future_mask(q, x.device), 0.0)  # [b, c, g, q, q]
     y = scores @ grown  # [b, c, g, q, r p]
-    # The carry across chunks, one multiply-add per chunk on the [h, p, n] state; each chunk's state
-    # term is added as the carry reaches it, so the states entering the chunks are never all stored.
+    # The carry across chunks, one multiply-add per chunk on the [h, p, n] state; the states entering
+    # the chunks are kept as exp(m) state, the part of exp(cum[l]) that the output's factor lacks,
+    # and reach the outputs in one product: [q, n] @ [n, r p] per chunk and group.
     state = x.new_zeros(b, h, p, n) if initial_state is None else initial_state.float()
+    entering = []
     for chunk in range(c):
-        entering = state * to_middle[:, chunk]  # exp(m) state: the part of exp(cum[l]) that the output's factor lacks
-        for group, heads in enumerate(entering.view(b, g, r * p, n).unbind(1)):  # [b, q, r p] slices, in place
-            y[:, chunk, group].baddbmm_(C_chunks[:, chunk, group], heads.transpose(1, 2))
-        state = torch.addcmul(partial[:, chunk], entering, middle_to_end[:, chunk])
-    y = y.transpose(2, 3).reshape(b, c * q, h, p)
-    shrink = torch.exp(cumulative - middle).view(b, c * q, h, 1)
-    y = y[:, :t] * shrink[:, :t]
+        entering.append(state * to_middle[:, chunk])
+        state = torch.addcmul(partial[:, chunk], entering[-1], middle_to_end[:, chunk])
+    entering = torch.stack(entering, dim=1).view(b * c * g, r * p, n)
+    y = y.view(b * c * g, q, r * p).baddbmm_(C_chunks.reshape(b * c * g, q, n), entering.transpose(1, 2))
+    y = y.view(b, c, g, q, r * p).transpose(2, 3).reshape(b, c * q, h, p)[:, :t]
+    y = y * torch.exp(cumulative - middle).view(b, c * q, h, 1)[:, :t]
     return torch.addcmul(y, x, D.float()[:, None]), state
 
 
-def _largest_span(log_decay, q: int) -> float:
-    """The largest drop in cumulative log decay within a chunk of q, over every chunk, row and head:
-    log_decay [b, t, h] -> -(sum of each chunk's log decays after its first), a float >= 0."""
+def _chunk_cumsum(log_decay, q: int):
+    """log_decay [b, t, h] -> cumulative log decay within chunks of q [b, c, q, h] (zero-padded to c q)."""
     b, t, h = log_decay.shape
-    padded = F.pad(log_decay, (0, 0, 0, (-t) % q)).view(b, -1, q, h)
-    return float(-padded[:, :, 1:].sum(2).min()) if q > 1 else 0.0
+    return F.pad(log_decay, (0, 0, 0, (-t) % q)).view(b, -1, q, h).cumsum(2)
 
 
 def _ssd_chunked_log_space(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
@@ -273,13 +272,15 @@ def causal_conv_with_state(inputs, weight, bias, state):
     Written as k shifted multiply-adds in the [b, t, channels] layout: on CPU, conv1d with one group
     per channel is several times slower than this, and needs two transposed copies besides.
     out[l] = bias + sum_j weight[:, j] * padded[l + j], padded = (state, inputs) along time.
+    Float32 at least, whatever the weights' dtype: for a bfloat16 model, one rounding fewer than its
+    own bf16 conv, float32 passes run faster than bf16 ones on CPU, and the scan reads float32 anyway.
     """
     b, t, channels = inputs.shape
     k = weight.shape[-1]
-    dtype = weight.dtype
+    dtype = torch.promote_types(weight.dtype, torch.float32)
     previous = inputs.new_zeros(b, k - 1, channels, dtype=dtype) if state is None else state.transpose(1, 2).to(dtype)
-    padded = torch.cat([previous, inputs.to(dtype)], dim=1)  # [b, t + k - 1, channels]
-    taps = weight.t().contiguous()  # [k, channels]; a strided tap makes each pass several times slower
+    padded = torch.cat([previous, inputs], dim=1)  # [b, t + k - 1, channels], in `dtype` (cat promotes)
+    taps = weight.t().to(dtype).contiguous()  # [k, channels]; a strided tap makes each pass several times slower
     out = padded[:, k - 1 :] * taps[k - 1] if bias is None else torch.addcmul(bias.to(dtype), padded[:, k - 1 :], taps[k - 1])
     for j in range(k - 1):
         out = torch.addcmul(out, padded[:, j : j + t], taps[j])
@@ -287,28 +288,31 @@ def causal_conv_with_state(inputs, weight, bias, state):
 
 
 def rms_norm(norm, hidden, gate=None):
-    """transformers' Mamba2 RMSNorm (gate None) or gated RMSNorm (`norm(hidden, gate)`), float32 fast path.
+    """transformers' Mamba2 RMSNorm (gate None) or gated RMSNorm (`norm(hidden, gate)`), with torch's
+    fused `rms_norm` (one pass instead of five).
 
-    hidden [b, t, width], gate [b, t, width] or None -> [b, t, width]. For float32 the normalisation
-    is torch's fused `rms_norm` (one pass instead of five); other dtypes call the module itself.
+    hidden [b, t, width], gate [b, t, width] or None -> [b, t, width]. As transformers does: float32
+    inside, then cast back to hidden's dtype and times the weight (float32 throughout: the fused
+    weighted form).
     """
-    if hidden.dtype != torch.float32 or norm.weight.dtype != torch.float32:
-        return norm(hidden) if gate is None else norm(hidden, gate)
+    dtype = hidden.dtype
+    hidden = hidden.float()
     if gate is not None:
         hidden = hidden * F.silu(gate.float())
     width = hidden.shape[-1]
     group = getattr(norm, "group_size", width)
-    if group == width:
+    if group == width and dtype == norm.weight.dtype == torch.float32:
         return F.rms_norm(hidden, (width,), norm.weight, norm.variance_epsilon)
-    grouped = F.rms_norm(hidden.unflatten(-1, (width // group, group)), (group,), None, norm.variance_epsilon)
-    return norm.weight * grouped.flatten(-2)
+    normed = F.rms_norm(hidden.unflatten(-1, (width // group, group)), (group,), None, norm.variance_epsilon)
+    return norm.weight * normed.flatten(-2).to(dtype)
 
 
 def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chunk_size: int):
     """One Mamba2 mixer over a block hidden_states [b, t, d] from `state` (None: zeros)
     -> (output [b, t, d], Mamba2LayerState after the block).
 
-    Same math as transformers' `Mamba2Mixer` torch path. Projections are called as modules, so LoRA applies.
+    Same math as transformers' `Mamba2Mixer` torch path (for a bfloat16 model, the conv in float32:
+    one rounding fewer). Projections are called as modules, so LoRA applies.
     """
     conv_state, ssm_state = (None, None) if state is None else (state.conv_state, state.ssm_state)
     b, t, _ = hidden_states.shape

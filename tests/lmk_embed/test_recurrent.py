@@ -71,8 +71,8 @@ def test_chunked_scan_holds_for_strong_decay(monkeypatch, decay, spans, log_spac
     import lmk_embed.modeling_recurrent as recurrent
 
     seen, fallbacks = [], []
-    largest_span, fallback = recurrent._largest_span, recurrent._ssd_chunked_log_space
-    monkeypatch.setattr(recurrent, "_largest_span", lambda log_decay, q: seen.append(q) or largest_span(log_decay, q))
+    chunk_cumsum, fallback = recurrent._chunk_cumsum, recurrent._ssd_chunked_log_space
+    monkeypatch.setattr(recurrent, "_chunk_cumsum", lambda log_decay, q: seen.append(q) or chunk_cumsum(log_decay, q))
     monkeypatch.setattr(recurrent, "_ssd_chunked_log_space", lambda *a: fallbacks.append(1) or fallback(*a))
     torch.manual_seed(0)
     b, t, h, p, g, n = 2, 150, 4, 8, 2, 6
