@@ -153,3 +153,20 @@ def test_convert_max_length_above_positions_names_the_limit(minilm_path, tmp_pat
 def test_rotary_backbone_has_no_position_limit(lmk_model):
     assert lmk_model.max_positions() is None  # ModernBERT: rotary positions, no table to overflow
     assert lmk_model.encode("a b c", max_length=100_000).shape == (lmk_model.config.embedding_dim,)
+
+
+# ---- bfloat16 through both loaders -------------------------------------------------------------
+
+
+def test_recurrent_bfloat16_through_both_loaders(mamba2_checkpoint):
+    """`dtype=torch.bfloat16` reaches a recurrent checkpoint through AutoModel and through
+    sentence-transformers' model_kwargs: the projections load in bf16, and both give the same vectors."""
+    import torch
+
+    auto = AutoModel.from_pretrained(mamba2_checkpoint, trust_remote_code=True, dtype=torch.bfloat16)
+    st = SentenceTransformer(str(mamba2_checkpoint), trust_remote_code=True, device="cpu",
+                             model_kwargs={"dtype": torch.bfloat16})
+    for model in (auto, st[0].model):
+        assert model.backbone.layers[0].mixer.in_proj.weight.dtype == torch.bfloat16
+    texts = [SAMPLE_TEXT, "a b"]
+    np.testing.assert_allclose(st.encode(texts), auto.encode(texts), atol=1e-5)
