@@ -64,7 +64,7 @@ $(LLAMACPP_VENV)/.installed:
 	  --no-binary llama-cpp-python $(LLAMACPP_SET)
 	touch $@
 
-# --quick is the short set (22 minutes on 2 idle cores); `make bench-llamacpp LLAMACPP_ARGS=` runs the full grid (hours).
+# --quick is the short set (27 minutes on 2 idle cores); `make bench-llamacpp LLAMACPP_ARGS=` runs the full grid (hours).
 LLAMACPP_ARGS ?= --quick
 
 bench-llamacpp: $(STAMP) $(LLAMACPP_VENV)/.installed

@@ -472,7 +472,7 @@ def main() -> None:
                              "gets the LM head); eos: embedding mode for the EOS only (llama_set_embeddings)")
     parser.add_argument("--points", nargs="+", default=None,
                         help="explicit llama.cpp points FORMAT/uN[/eos] instead of formats x ubatches x modes")
-    parser.add_argument("--block-size", type=int, default=2048, help="our V")
+    parser.add_argument("--block-size", type=int, default=512, help="our V (512: what block_size=\"auto\" picks for the small shape on CPU)")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES),
                         help="ours: as saved (float32), and loaded with dtype=torch.bfloat16")
     parser.add_argument("--repeats", type=int, default=2)
