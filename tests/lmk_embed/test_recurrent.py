@@ -1,6 +1,7 @@
 """Recurrent embedders: the SSD scan, vertical = horizontal = transformers' own forward at EOS,
 streaming, gradients through the carried state, xLSTM, instructions, bad input."""
 
+import copy
 import io
 import pathlib
 import warnings
@@ -10,6 +11,7 @@ import pytest
 import torch
 from transformers import Mamba2Model
 
+import lmk_embed.modeling_recurrent as recurrent
 from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
 from lmk_embed.modeling_recurrent import RecurrentEmbedModel, ssd_chunked, ssd_reference
 from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
@@ -68,8 +70,6 @@ def test_chunked_scan_equals_the_recurrence(t, chunk, with_state, groups):
 def test_chunked_scan_holds_for_strong_decay(monkeypatch, decay, spans, log_space):
     """Strong decay (a log decay up to -`decay` per token) takes the scan off its factored form:
     every path must still equal the recurrence."""
-    import lmk_embed.modeling_recurrent as recurrent
-
     seen, fallbacks = [], []
     chunk_cumsum, fallback = recurrent._chunk_cumsum, recurrent._ssd_chunked_log_space
     monkeypatch.setattr(recurrent, "_chunk_cumsum", lambda log_decay, q: seen.append(q) or chunk_cumsum(log_decay, q))
@@ -104,8 +104,6 @@ def test_vertical_horizontal_and_reference_agree(model, length):
 def test_vertical_in_bfloat16_follows_transformers_in_bfloat16(mamba2_checkpoint):
     """Loaded with dtype=torch.bfloat16 (the projections' fast path on CPUs with bf16 instructions),
     the vertical schedule gives transformers' own bf16 forward to bf16 rounding, and stays near float32."""
-    import copy
-
     model32 = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint).eval()
     model16 = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint, dtype=torch.bfloat16).eval()
     assert model16.backbone.layers[0].mixer.in_proj.weight.dtype == torch.bfloat16

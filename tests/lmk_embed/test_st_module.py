@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel
 
@@ -161,8 +162,6 @@ def test_rotary_backbone_has_no_position_limit(lmk_model):
 def test_recurrent_bfloat16_through_both_loaders(mamba2_checkpoint):
     """`dtype=torch.bfloat16` reaches a recurrent checkpoint through AutoModel and through
     sentence-transformers' model_kwargs: the projections load in bf16, and both give the same vectors."""
-    import torch
-
     auto = AutoModel.from_pretrained(mamba2_checkpoint, trust_remote_code=True, dtype=torch.bfloat16)
     st = SentenceTransformer(str(mamba2_checkpoint), trust_remote_code=True, device="cpu",
                              model_kwargs={"dtype": torch.bfloat16})
