@@ -49,6 +49,7 @@ Writes benchmarks/results/recurrent_vs_llamacpp.json and .png. GGUFs and texts g
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import hashlib
 import json
@@ -331,11 +332,9 @@ def llama_worker_for(point: str, prepared: dict, log: Path, length: int, threads
 
 def agreement(shape: str, prepared: dict, inputs: dict, args) -> dict:
     """{point: {max |ours - llama|, cosine, seconds (one run)}} for the L2-normalised embeddings at
-    --check-length tokens, for every llama.cpp point; threads max(--threads)."""
+    --check-length tokens, for every llama.cpp point (threads max(--threads)), and {"ours bf16": ...}
+    for ours in each lower dtype of --dtypes against ours in float32."""
     import numpy as np
-
-    import copy
-
     import torch
 
     length, threads = args.check_length, max(args.threads)
@@ -350,11 +349,11 @@ def agreement(shape: str, prepared: dict, inputs: dict, args) -> dict:
     for dtype in [dtype for dtype in args.dtypes if dtype != "float32"]:
         lower = copy.deepcopy(prepared["model"]).to(getattr(torch, dtype))
         lower.tokenizer = prepared["model"].tokenizer
-        theirs = embed(lower)
-        rows[f"ours {short(dtype)}"] = {"max_abs_diff": float(np.abs(ours - theirs).max()), "cosine": float(ours @ theirs)}
-        print(f"[{shape}] T={length} ours {short(dtype)} against ours fp32: max difference "
-              f"{rows[f'ours {short(dtype)}']['max_abs_diff']:.1e}  cosine {rows[f'ours {short(dtype)}']['cosine']:.7f}", flush=True)
+        vector, name = embed(lower), f"ours {short(dtype)}"
         del lower
+        rows[name] = {"max_abs_diff": float(np.abs(ours - vector).max()), "cosine": float(ours @ vector)}
+        print(f"[{shape}] T={length} {name} against ours f32: max difference {rows[name]['max_abs_diff']:.1e}  "
+              f"cosine {rows[name]['cosine']:.7f}", flush=True)
     for point in args.points:
         log = args.workdir / "logs" / f"check-{shape}-{point.replace('/', '-')}.log"
         worker = llama_worker_for(point, prepared, log, length, threads, inputs[length]["ids"], args,
