@@ -8,6 +8,10 @@ from transformers.configuration_utils import SubConfigSpec
 POOLINGS = ("lmk", "cls", "mean", "mean@k", "multi_cls", "latent_attention")
 CHUNK_ALIGNED_POOLINGS = ("lmk", "mean@k")  # pool one position per chunk: landmark vectors + spans exist
 SPLITTERS = ("fixed", "variable", "sentence")
+# How a text longer than one window is read: `one-pass` (one sequence, on the extended positions when
+# the backbone was extended) or `windows` (windows of whole chunks at the original positions, every
+# landmark of every window pooled). A text that fits one window reads the same either way.
+LONG_INPUTS = ("one-pass", "windows")
 DEFAULT_GRANULARITIES = (32, 64, 128, 256)
 # Position extension past the backbone's table (LongEmbed, Zhu et al. 2024). The first three are for
 # absolute position tables; `dynamic` is the backbone's own dynamic NTK rope scaling (rotary backbones).
@@ -30,6 +34,10 @@ class LMKConfig(PretrainedConfig):
     num_latents, latent_heads: the latent-attention pooler (NV-Embed: 512 latents; 64 is lighter).
     query_prompt, document_prompt: prepended by `encode_query` / `encode_document`.
     base_model: the Hub id the backbone came from, when known (for model cards).
+    long_input: `one-pass` or `windows`, the default schedule for long texts (`encode(long_input=...)`
+        per call; windows needs `lmk` pooling).
+    window_length: W, the most tokens of one window, its start token and landmarks included (None:
+        the backbone's original positions).
     position_extension: None, or how the backbone reads past its original positions:
         `{"method": interpolate|recurrent|group|dynamic, "original_positions": Lo, "max_positions": N}`,
         plus for absolute tables `"first_row"` (where the N extended rows start in the backbone's
@@ -55,6 +63,8 @@ class LMKConfig(PretrainedConfig):
     document_prompt: str = ""
     base_model: str | None = None
     position_extension: dict | None = None
+    long_input: str = "one-pass"
+    window_length: int | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -72,6 +82,13 @@ class LMKConfig(PretrainedConfig):
                 raise ValueError(f"`{name}` must hold positive integers, got {value!r}.")
         self.granularities = [int(g) for g in self.granularities]
         self.check_position_extension()
+        if self.long_input not in LONG_INPUTS:
+            raise ValueError(f"Unknown `long_input` {self.long_input!r}; expected one of {list(LONG_INPUTS)}.")
+        if self.long_input == "windows" and self.pooling != "lmk":
+            raise ValueError(f"`long_input='windows'` pools landmarks: it needs pooling='lmk', not {self.pooling!r}.")
+        if self.window_length is not None and (isinstance(self.window_length, bool)
+                                               or not isinstance(self.window_length, int) or self.window_length < 3):
+            raise ValueError(f"`window_length` must be an integer of at least 3 or None, got {self.window_length!r}.")
         if self.max_length is not None and self.max_length < 3:
             raise ValueError(f"`max_length` must be at least 3 ([CLS], one token, a landmark), got {self.max_length}.")
 

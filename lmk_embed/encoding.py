@@ -6,14 +6,15 @@ mode, device placement, normalisation, output conversion and the truncation warn
 
 A family plugs in by subclassing `EncoderMixin` and implementing:
 
-- `_prepare_encode(**options) -> dict`: check and resolve the per-call options once.
-- `_embed_texts(texts, plan) -> torch.Tensor [b, D]` (or, for `output_value="landmarks"`,
-  a list of `(vectors [n_i, D], spans)` pairs): tokenize, run its forward schedule, pool.
-- `_embed_stream(source, plan) -> torch.Tensor [D]` (optional): one document given as an
-  iterator of text pieces or a `pathlib.Path`; set `supports_streaming = True`.
+- `resolve(prompt=..., output_value=..., **options) -> request`: default every per-call option
+  from the config and check it, once; the request is frozen and has a `max_length`.
+- `_embed_texts(texts, request) -> (torch.Tensor [b, D], truncated)` (or, for
+  `output_value="landmarks"`, a list of `(vectors [n_i, D], spans)` pairs): tokenize, run its
+  forward schedule, pool; `truncated` counts the texts cut at `max_length`.
+- `_embed_stream(source, request) -> (torch.Tensor [D], truncated)` (optional): one document given
+  as an iterator of text pieces or a `pathlib.Path`; set `supports_streaming = True`.
 
-The family reports truncated inputs by incrementing `plan["num_truncated"]`; the engine
-warns once per call.
+The engine adds up the truncated counts and warns once per call.
 
 Both families' tokenizers also share the single Rust pass without special tokens
 (`encode_content`, which cuts very long texts at a safe place first) and their call checks.
@@ -325,13 +326,13 @@ class EncoderMixin:
         self.backbone.set_input_embeddings(value)
 
     # Families implement these.
-    def _prepare_encode(self, **options) -> dict:  # pragma: no cover - abstract
+    def resolve(self, **options):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _embed_texts(self, texts: list[str], plan: dict):  # pragma: no cover - abstract
+    def _embed_texts(self, texts: list[str], request):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _embed_stream(self, source, plan: dict) -> torch.Tensor:  # pragma: no cover - abstract
+    def _embed_stream(self, source, request) -> tuple[torch.Tensor, int]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _embedding_dim(self) -> int:
@@ -360,11 +361,8 @@ class EncoderMixin:
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"`prompt` must be a string or None, got {type(prompt).__name__}.")
         normalize = bool(self.config.normalize if normalize is None else normalize)
-        plan = self._prepare_encode(prompt=prompt, output_value=output_value, **options)
-        given = options.get("max_length")
-        check_position_limit("max_length" if given is not None else "config.max_length", plan.get("max_length"),
-                             self.max_positions())
-        plan["num_truncated"] = 0
+        request = self.resolve(prompt=prompt, output_value=output_value, **options)
+        num_truncated = 0
         if device is not None:
             self.to(device)
 
@@ -392,9 +390,10 @@ class EncoderMixin:
             with torch.inference_mode():
                 for kind, ids in units:
                     if kind == "stream":
-                        results[ids[0]] = self._embed_stream(items[ids[0]], plan).float()[None]
+                        vector, truncated = self._embed_stream(items[ids[0]], request)
+                        results[ids[0]] = vector.float()[None]
                     else:
-                        out = self._embed_texts([items[i] for i in ids], plan)
+                        out, truncated = self._embed_texts([items[i] for i in ids], request)
                         if output_value == "embedding":
                             out = out.float()
                             for row, i in enumerate(ids):
@@ -402,6 +401,7 @@ class EncoderMixin:
                         else:
                             for (vectors, spans), i in zip(out, ids):
                                 results[i] = (vectors.float(), spans)
+                    num_truncated += truncated
                     if progress is not None:
                         progress.update(len(ids))
         finally:
@@ -409,7 +409,7 @@ class EncoderMixin:
             if progress is not None:
                 progress.close()
 
-        warn_truncated(plan["num_truncated"], len(items), plan.get("max_length"), stacklevel=3)
+        warn_truncated(num_truncated, len(items), request.max_length, stacklevel=3)
 
         if output_value == "embedding":
             embeddings = torch.cat(results)

@@ -25,10 +25,9 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, SPLITTERS, LMKConfig
-from .encoding import EncoderMixin, check_choice, check_positive_int
-from .tokenization_lmk import LMKTokenizer
-
+from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, LONG_INPUTS, SPLITTERS, LMKConfig
+from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
+from .tokenization_lmk import LayoutOptions, LMKTokenizer, cut_windows
 
 
 def extended_position_table(original: torch.Tensor, method: str, max_positions: int) -> torch.Tensor:
@@ -85,6 +84,36 @@ def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     """Mean of `hidden_states` [B, T, D] over the positions where `mask` [B, T] is 1, in float32 -> [B, D]."""
     weights = mask.to(torch.float32).unsqueeze(-1)
     return (hidden_states.float() * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+def combine_windows(row_embeddings: torch.Tensor, landmark_mask: torch.Tensor, window_document: torch.Tensor) -> torch.Tensor:
+    """The `windows` schedule's pooling: the mean of every landmark state of a document's windows.
+
+    row_embeddings [R, D] (each window's landmark mean), landmark_mask [R, T], window_document [R]
+    (the document of each row, 0..B-1) -> [B, D]: the rows' means weighted by their landmark counts.
+    """
+    counts = landmark_mask.sum(-1).to(row_embeddings.dtype)
+    num_documents = int(window_document.max()) + 1 if len(window_document) else 0
+    totals = row_embeddings.new_zeros(num_documents, row_embeddings.shape[-1])
+    totals.index_add_(0, window_document, row_embeddings * counts[:, None])
+    weights = counts.new_zeros(num_documents).index_add_(0, window_document, counts)
+    return totals / weights.clamp(min=1)[:, None]
+
+
+@dataclass(frozen=True)
+class LMKRequest:
+    """One call's options, resolved once by `LMKModel.resolve`: `layout` (what the tokenizer builds, its
+    `max_length` the whole text's budget), `long_input` ("one-pass" or "windows"), `window_length`
+    (W, for windows; else None) and `output_value`."""
+
+    layout: LayoutOptions
+    long_input: str
+    window_length: int | None
+    output_value: str = "embedding"
+
+    @property
+    def max_length(self) -> int | None:
+        return self.layout.max_length
 
 
 class Pooling(nn.Module):
@@ -191,7 +220,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
 
     output_values = ("embedding", "landmarks")
     tokenizer_class = LMKTokenizer
-    forward_input_names = ("input_ids", "attention_mask", "landmark_mask", "position_ids")  # position_ids: optional
+    # position_ids and window_document are optional
+    forward_input_names = ("input_ids", "attention_mask", "landmark_mask", "position_ids", "window_document")
 
     def __init__(self, config: LMKConfig):
         super().__init__(config)
@@ -224,9 +254,13 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         landmark_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        window_document: torch.Tensor | None = None,
         **kwargs,
     ) -> LMKOutput:
-        """input_ids / attention_mask / landmark_mask: [B, T] -> LMKOutput(embeddings [B, D])."""
+        """input_ids / attention_mask / landmark_mask: [B, T] -> LMKOutput(embeddings [B, D]).
+
+        With `window_document` [R] (rows are windows of documents, `long_input="windows"`), the
+        embeddings are per document, [documents, D], and `last_hidden_state` stays per row."""
         if attention_mask is None:
             reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
             attention_mask = torch.ones(reference.shape[:2], dtype=torch.long, device=reference.device)
@@ -239,6 +273,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
         ).last_hidden_state
         embeddings = self.pooler(hidden_states, attention_mask, landmark_mask)
+        if window_document is not None:
+            embeddings = combine_windows(embeddings, landmark_mask, window_document)
         return LMKOutput(embeddings=embeddings, last_hidden_state=hidden_states)
 
     # ---- inputs -------------------------------------------------------------------------------
@@ -257,46 +293,97 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         limits = [limit for limit in (self.tokenizer.default_max_length(), self.max_positions()) if limit is not None]
         return min(limits) if limits else None
 
-    def _tokenize(self, texts, *, prompt=None, granularity=None, splitter=None, max_length=None, training=False,
-                  with_spans=False):
-        pooling = self.config.pooling
-        splitter = self.config.splitter if splitter is None else splitter
+    def original_positions(self) -> int | None:
+        """The positions the backbone was pretrained with: the original rows of an extended table, else
+        `max_positions()`, else the tokenizer's limit (None: no limit known). The default window length."""
+        if self.config.position_extension is not None:
+            return int(self.config.position_extension["original_positions"])
+        limits = [limit for limit in (self.max_positions(), self.tokenizer.default_max_length()) if limit is not None]
+        return min(limits) if limits else None
+
+    def resolve(self, *, max_length: int | None = None, granularity: int | None = None, splitter: str | None = None,
+                long_input: str | None = None, window_length: int | None = None, prompt: str | None = None,
+                output_value: str = "embedding", training: bool = False) -> LMKRequest:
+        """The one place a call's options are defaulted (from the config) and checked.
+
+        Inference: `variable` reads the configured g. Training (`training=True`): MultiCLS takes the CLS
+        layout, `variable` draws g unless the caller passes the batch's draw, and texts are read in one
+        pass at the trainer's budget. `one-pass`: `max_length` defaults to `default_max_length()` and must
+        fit the position table. `windows`: `max_length` (default `config.max_length`, None: the whole
+        text) is the document's budget and W (`window_length`, default `config.window_length`, else
+        `original_positions()`) must fit the table and hold a chunk.
+        """
+        config = self.config
+        splitter = check_choice("splitter", config.splitter if splitter is None else splitter, SPLITTERS)
+        long_input = check_choice("long_input", config.long_input if long_input is None else long_input, LONG_INPUTS)
+        if granularity is not None:
+            granularity = check_positive_int("granularity", granularity)
+        elif training and splitter == "variable":
+            granularity = self.draw_granularity()
+        else:
+            granularity = config.granularity
+        pooling = "cls" if training and config.pooling == "multi_cls" else config.pooling  # MultiCLS: inference only
+        if output_value == "landmarks" and config.pooling not in CHUNK_ALIGNED_POOLINGS:
+            raise ValueError(
+                f"`output_value='landmarks'` needs chunk-aligned pooling (lmk, mean@k), not {config.pooling!r}."
+            )
+        self.tokenizer.check_max_length(max_length)
         if training:
-            if pooling == "multi_cls":  # MultiCLS adds its extra CLS tokens at inference only
-                pooling = "cls"
-        elif splitter == "variable":  # drawing g is for training; inference uses the configured g
-            splitter = "fixed"
-        if granularity is None:
-            # Training with `variable` and no g given (the trainer passes one per batch): draw one now.
-            granularity = self.config.granularity if splitter != "variable" else self.draw_granularity()
-        # Every option comes from the config (or the call): the tokenizer's own defaults are not read.
-        return self.tokenizer.build_layout(
-            texts,
-            pooling=pooling,
-            granularity=granularity,
-            splitter=splitter,
-            max_length=self.default_max_length() if max_length is None else max_length,
-            prompt=prompt,
-            with_spans=with_spans,
-            landmark=self.config.landmark_token,
-        )
+            long_input = "one-pass"
+        if long_input == "windows":
+            if config.pooling != "lmk":
+                raise ValueError(f"`long_input='windows'` pools landmarks: it needs pooling='lmk', not {config.pooling!r}.")
+            name = "window_length" if window_length is not None else "config.window_length"
+            window_length = config.window_length if window_length is None else window_length
+            if window_length is None:
+                window_length = self.original_positions()
+                name = "the default window length"
+            if window_length is None:
+                raise ValueError("`long_input='windows'` needs `window_length`: the backbone reports no position limit.")
+            check_positive_int(name, window_length)
+            smallest = granularity + 1 + int(self.tokenizer.start_token_id is not None)
+            if window_length < smallest:
+                raise ValueError(f"`{name}`={window_length} must hold one chunk of g={granularity} tokens with its "
+                                 f"landmark and the start token (at least {smallest}).")
+            check_position_limit(name, window_length, self.max_positions())
+            max_length = config.max_length if max_length is None else max_length
+        else:
+            name = "max_length" if max_length is not None else "config.max_length"
+            max_length = self.default_max_length() if max_length is None else max_length
+            check_position_limit(name, max_length, self.max_positions())
+            window_length = None
+        layout = LayoutOptions(pooling, granularity, "sentence" if splitter == "sentence" else "fixed", max_length,
+                               config.landmark_token, prompt, output_value == "landmarks")
+        return LMKRequest(layout.checked(self.tokenizer), long_input, window_length, output_value)
+
+    def tokenize(self, texts: list[str], request: LMKRequest):
+        """`texts` in the landmark layout of `request` (a `LandmarkBatch`); with `windows`, texts longer
+        than W are cut into windows (rows) of whole chunks (`cut_windows`)."""
+        batch = self.tokenizer.layout(texts, request.layout)
+        if request.long_input == "windows":
+            tokenizer = self.tokenizer
+            batch = cut_windows(batch, request.window_length, tokenizer.start_token_id is not None,
+                                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        return batch
 
     def draw_granularity(self) -> int | None:
         """The `variable` splitter's g for one training batch, drawn from `config.granularities` with a
         generator seeded by `config.splitter_seed`; None for the other splitters. The trainer passes
-        it to every column of the batch (`prepare_features(..., granularity=g)`)."""
+        it to every column of the batch (`prepare_features(..., granularity=g)`); `resolve(training=True)`
+        draws one itself when no g is given."""
         if self.config.splitter != "variable":
             return None
         return self._granularity_draws.choice(self.config.granularities)
 
     def prepare_features(self, texts: list[str], prompt: str | None = None, training: bool | None = None, **options):
-        """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module).
+        """Tokenize a batch into model inputs: dict of [rows, T] tensors (used by the ST module).
 
-        `training` picks the training layout (MultiCLS without its extra CLS tokens, a drawn g);
-        None follows the model's mode, `self.training`, which the ST module's train()/eval() sets.
+        `options` are `resolve`'s. `training` picks the training layout (MultiCLS without its extra
+        CLS tokens, a drawn g); None follows the model's mode, `self.training`, which the ST module's
+        train()/eval() sets.
         """
         training = self.training if training is None else training
-        return self._tokenize(texts, prompt=prompt, training=training, **options).tensors()
+        return self.tokenize(texts, self.resolve(prompt=prompt, training=training, **options)).tensors()
 
     # ---- encode -------------------------------------------------------------------------------
 
@@ -307,6 +394,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         max_length: int | None = None,
         granularity: int | None = None,
         splitter: str | None = None,
+        long_input: str | None = None,
+        window_length: int | None = None,
         normalize: bool | None = None,
         prompt: str | None = None,
         show_progress_bar: bool | None = None,
@@ -321,6 +410,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         follows `config.normalize`. `output_value="landmarks"` returns, per text,
         `{"embeddings": [n_landmarks, D], "spans": [(start, end), ...]}`: the vector of each
         landmark and the character span of the chunk it closes (chunk vectors from one pass).
+        `long_input` ("one-pass" or "windows") and `window_length` override the config (see `resolve`).
         """
         return self._run_encode(
             texts,
@@ -331,7 +421,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             convert_to_tensor=convert_to_tensor,
             device=device,
             output_value=output_value,
-            options={"max_length": max_length, "granularity": granularity, "splitter": splitter},
+            options={"max_length": max_length, "granularity": granularity, "splitter": splitter,
+                     "long_input": long_input, "window_length": window_length},
         )
 
     def sentence_transformers_prompts(self) -> dict[str, str]:
@@ -346,43 +437,36 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         """`encode` with `config.document_prompt` prepended."""
         return self.encode(documents, prompt=self.config.document_prompt or None, **kwargs)
 
-    def _prepare_encode(self, *, prompt, output_value, max_length, granularity, splitter) -> dict:
-        if granularity is not None:
-            check_positive_int("granularity", granularity)
-        if splitter is not None:
-            check_choice("splitter", splitter, SPLITTERS)
-        self.tokenizer.check_max_length(max_length)
-        if output_value == "landmarks" and self.config.pooling not in CHUNK_ALIGNED_POOLINGS:
-            raise ValueError(
-                f"`output_value='landmarks'` needs chunk-aligned pooling (lmk, mean@k), not {self.config.pooling!r}."
-            )
-        if self.config.pooling == "lmk":
-            _ = self.tokenizer.landmark_id(self.config.landmark_token)  # a clear error without SEP/EOS
-        return {
-            "prompt": prompt,
-            "output_value": output_value,
-            "max_length": self.default_max_length() if max_length is None else max_length,
-            "granularity": granularity,
-            "splitter": splitter,
-        }
-
-    def _embed_texts(self, texts: list[str], plan: dict):
-        with_spans = plan["output_value"] == "landmarks"
-        batch = self._tokenize(
-            texts,
-            prompt=plan["prompt"],
-            granularity=plan["granularity"],
-            splitter=plan["splitter"],
-            max_length=plan["max_length"],
-            with_spans=with_spans,
-        )
-        plan["num_truncated"] += int(batch.truncated.sum())
+    def _embed_texts(self, texts: list[str], request: LMKRequest):
+        """One batch -> (embeddings [b, D], or per text (landmark states [n_i, D], spans); truncated count).
+        Windows run in groups of at most `len(texts)` rows, each trimmed to its longest row."""
+        batch = self.tokenize(texts, request)
         features = batch.tensors(self.device)
-        output = self(**features)
+        with_spans = request.output_value == "landmarks"
+        rows = features["input_ids"].shape[0]
+        step = rows if batch.window_document is None else max(len(texts), 1)
+        pooled, states = [], []
+        for start in range(0, rows, step):
+            part = slice(start, start + step)
+            width = int(features["attention_mask"][part].sum(-1).max())
+            inputs = {name: features[name][part, :width] for name in ("input_ids", "attention_mask", "landmark_mask")}
+            output = self(**inputs)
+            pooled.append(output.embeddings)
+            if with_spans:
+                mask = inputs["landmark_mask"].bool()
+                states += [output.last_hidden_state[row][mask[row]] for row in range(mask.shape[0])]
+        truncated = int(batch.truncated.sum())
+        if batch.window_document is None:
+            if not with_spans:
+                return pooled[0], truncated
+            return list(zip(states, batch.spans)), truncated
+        document = features["window_document"]
         if not with_spans:
-            return output.embeddings
-        hidden, mask = output.last_hidden_state, features["landmark_mask"].bool()
-        return [(hidden[row][mask[row]], batch.spans[row]) for row in range(len(texts))]
+            return combine_windows(torch.cat(pooled), features["landmark_mask"], document), truncated
+        per_text = [[] for _ in texts]
+        for row, text in enumerate(document.tolist()):
+            per_text[text].append(states[row])
+        return [(torch.cat(parts), spans) for parts, spans in zip(per_text, batch.spans)], truncated
 
 
-__all__ = ["LMKModel", "LMKPreTrainedModel", "LMKOutput", "POOLERS"]
+__all__ = ["LMKModel", "LMKPreTrainedModel", "LMKOutput", "LMKRequest", "POOLERS", "combine_windows"]

@@ -34,7 +34,7 @@ from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
-from .encoding import EncoderMixin, check_choice, check_positive_int
+from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
 from .tokenization_recurrent import RecurrentEmbedTokenizer, iter_text_file
 
@@ -385,6 +385,18 @@ class RecurrentOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class RecurrentRequest:
+    """One call's options, resolved once by `RecurrentEmbedModel.resolve`; `schedule` / `block_size`
+    may still be "auto" (resolved per batch in `forward`)."""
+
+    prompt: str | None
+    output_value: str
+    max_length: int | None
+    schedule: str | None
+    block_size: int | str | None
+
+
 class RecurrentEmbedPreTrainedModel(PreTrainedModel):
     config_class = RecurrentEmbedConfig
     base_model_prefix = "recurrent"
@@ -536,8 +548,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     def prepare_features(self, texts: list[str], prompt: str | None = None, max_length=None):
         """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module)."""
-        batch = self.tokenizer.build_batch(texts, prompt=prompt, max_length=max_length or self.config.max_length)
-        return batch.tensors()
+        request = self.resolve(prompt=prompt, max_length=max_length)
+        return self.tokenizer.build_batch(texts, prompt=request.prompt, max_length=request.max_length).tensors()
 
     def sentence_transformers_prompts(self) -> dict[str, str]:
         return {"query": self.config.query_prompt(), "document": self.config.document_prompt}
@@ -631,38 +643,39 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         """`encode` with `config.document_prompt` (empty by default: one corpus serves every task)."""
         return self.encode(documents, prompt=self.config.document_prompt or None, **kwargs)
 
-    def _prepare_encode(self, *, prompt, output_value, max_length, schedule, block_size) -> dict:
-        self.resolve_schedule(schedule, block_size, longest=0)  # validates; `auto` is resolved per batch
+    def resolve(self, *, prompt: str | None = None, output_value: str = "embedding", max_length: int | None = None,
+                schedule: str | None = None, block_size: int | str | None = None) -> "RecurrentRequest":
+        """The one place a call's options are defaulted (from the config) and checked. `auto` schedules
+        are turned into horizontal or vertical per batch, in `forward`, where the batch's length is known."""
+        self.resolve_schedule(schedule, block_size, longest=0)  # validates the schedule and V
         self.tokenizer.check_max_length(max_length)
         _ = self.tokenizer.eos_id  # a tokenizer without EOS fails here, clearly
-        return {
-            "prompt": prompt,
-            "max_length": max_length if max_length is not None else self.config.max_length,
-            "schedule": schedule,
-            "block_size": block_size,
-        }
+        name = "max_length" if max_length is not None else "config.max_length"
+        max_length = self.config.max_length if max_length is None else max_length
+        check_position_limit(name, max_length, self.max_positions())
+        return RecurrentRequest(prompt, output_value, max_length, schedule, block_size)
 
-    def _embed_texts(self, texts: list[str], plan: dict) -> torch.Tensor:
-        batch = self.tokenizer.build_batch(texts, prompt=plan["prompt"], max_length=plan["max_length"])
-        plan["num_truncated"] += int(batch.truncated.sum())
+    def _embed_texts(self, texts: list[str], request: "RecurrentRequest") -> tuple[torch.Tensor, int]:
+        batch = self.tokenizer.build_batch(texts, prompt=request.prompt, max_length=request.max_length)
         features = batch.tensors(self.device)
-        return self(**features, schedule=plan["schedule"], block_size=plan["block_size"]).embeddings
+        output = self(**features, schedule=request.schedule, block_size=request.block_size)
+        return output.embeddings, int(batch.truncated.sum())
 
-    def _embed_stream(self, source, plan: dict) -> torch.Tensor:
-        """One streamed document (an iterator of text pieces, or a path) -> [D]: fed to the
-        vertical schedule in blocks of V as tokens arrive."""
-        if plan["schedule"] == "horizontal":
+    def _embed_stream(self, source, request: "RecurrentRequest") -> tuple[torch.Tensor, int]:
+        """One streamed document (an iterator of text pieces, or a path) -> ([D], truncated 0 or 1): fed
+        to the vertical schedule in blocks of V as tokens arrive."""
+        if request.schedule == "horizontal":
             raise ValueError("Streamed documents use the vertical schedule; `schedule='horizontal'` cannot stream.")
-        _, block_size = self.resolve_schedule("vertical", plan["block_size"], longest=0)
+        _, block_size = self.resolve_schedule("vertical", request.block_size, longest=0)
         if isinstance(source, os.PathLike):
             if not os.path.isfile(source):
                 raise FileNotFoundError(f"No such text file: {source}")
             source = iter_text_file(source)
-        tokenizer, max_length = self.tokenizer, plan["max_length"]
+        tokenizer, max_length = self.tokenizer, request.max_length
         pending = np.asarray(tokenizer.prefix_ids, dtype=np.int64)
         budget = None if max_length is None else max_length - len(pending) - 1
         state, consumed, truncated = None, 0, False
-        for ids in tokenizer.stream_content_ids(source, prompt=plan["prompt"]):
+        for ids in tokenizer.stream_content_ids(source, prompt=request.prompt):
             if budget is not None and consumed + len(ids) > budget:
                 ids, truncated = ids[: budget - consumed], True
             consumed += len(ids)
@@ -671,11 +684,10 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
                 block, pending = pending[:block_size], pending[block_size:]
                 _, state = self.block_step(torch.from_numpy(block)[None].to(self.device), state)
             if truncated:  # stop reading: the rest is over the budget
-                plan["num_truncated"] += 1
                 break
         pending = np.concatenate([pending, [tokenizer.eos_id]])
         hidden, _ = self.block_step(torch.from_numpy(pending)[None].to(self.device), state)
-        return hidden[0, -1].float()
+        return hidden[0, -1].float(), int(truncated)
 
 
 __all__ = ["RecurrentEmbedModel", "RecurrentEmbedPreTrainedModel", "RecurrentOutput", "ssd_chunked", "ssd_reference"]

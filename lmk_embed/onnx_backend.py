@@ -38,7 +38,7 @@ from torch import nn
 
 from .configuration_lmk import LMKConfig
 from .encoding import TOKENIZER_LOADING_KWARGS, check_choice
-from .modeling_lmk import LMKModel, LMKOutput
+from .modeling_lmk import LMKModel, LMKOutput, combine_windows
 
 BACKENDS = ("torch", "onnx")
 FP32_FILE = "onnx/model.onnx"
@@ -359,9 +359,11 @@ class LMKOnnxModel(LMKModel):
 
     # ---- forward -------------------------------------------------------------------------------
 
-    def forward(self, input_ids=None, attention_mask=None, landmark_mask=None, inputs_embeds=None, **kwargs) -> LMKOutput:
+    def forward(self, input_ids=None, attention_mask=None, landmark_mask=None, inputs_embeds=None,
+                window_document=None, **kwargs) -> LMKOutput:
         """input_ids / attention_mask / landmark_mask: [B, T] -> LMKOutput(embeddings [B, D],
-        last_hidden_state [B, T, D]), from one `session.run`. Position ids come from the graph itself."""
+        last_hidden_state [B, T, D]), from one `session.run`. Position ids come from the graph itself.
+        With `window_document` [B] (windows of documents), embeddings are per document, as in LMKModel."""
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("backend='onnx' takes `input_ids` (the graph embeds them itself), not `inputs_embeds`.")
         if kwargs.get("position_ids") is not None:
@@ -380,7 +382,10 @@ class LMKOnnxModel(LMKModel):
             used = max(int(lengths[start:stop].max()), 1)  # right padding: later columns are padding in every row
             feeds = {name: array[start:stop, :used] for name, array in arrays.items()}
             pooled[start:stop], hidden[start:stop, :used] = self.session.run(["pooled", "last_hidden_state"], feeds)
-        return LMKOutput(embeddings=torch.from_numpy(pooled), last_hidden_state=torch.from_numpy(hidden))
+        embeddings = torch.from_numpy(pooled)
+        if window_document is not None:
+            embeddings = combine_windows(embeddings, landmark_mask, window_document)
+        return LMKOutput(embeddings=embeddings, last_hidden_state=torch.from_numpy(hidden))
 
     def runs(self, lengths: np.ndarray) -> list[tuple[int, int]]:
         """[start, stop) row ranges of one batch (row lengths `lengths` [B]), each run holding at most

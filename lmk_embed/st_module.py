@@ -12,7 +12,13 @@ import torch
 from sentence_transformers.base.modules import InputModule
 from transformers import AutoModel, AutoTokenizer
 
-from .encoding import check_position_limit, warn_truncated
+from .encoding import warn_truncated
+
+
+def in_sentence_transformers_terms(error: Exception) -> Exception:
+    """The same error, naming `max_seq_length` (what a sentence-transformers user sets) for the
+    model's `config.max_length` (where the module keeps it)."""
+    return type(error)(str(error).replace("config.max_length", "max_seq_length"))
 
 
 class EmbedderModule(InputModule):
@@ -53,8 +59,13 @@ class EmbedderModule(InputModule):
 
     @max_seq_length.setter
     def max_seq_length(self, value: int | None) -> None:
-        check_position_limit("max_seq_length", value, self.model.max_positions())
+        previous = self.model.config.max_length
         self.model.config.max_length = value
+        try:  # the model's own `resolve` checks it, as for every call (the position limit, the minimum)
+            self.model.resolve()
+        except (TypeError, ValueError) as error:
+            self.model.config.max_length = previous
+            raise in_sentence_transformers_terms(error) from None
 
     def get_embedding_dimension(self) -> int:
         return int(self.model.config.embedding_dim)
@@ -77,13 +88,14 @@ class EmbedderModule(InputModule):
         for index, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"inputs[{index}] must be a string, got {type(text).__name__}.")
-        max_length = kwargs.get("max_length")  # the trainer's per-column budget (queries vs passages)
-        if max_length is None:
-            check_position_limit("max_seq_length", self.max_seq_length, self.model.max_positions())
-        else:
-            check_position_limit("max_length", max_length, self.model.max_positions())
+        # The trainer's per-column budget (queries vs passages) and the batch's drawn g; the model's
+        # `resolve` defaults and checks them, as for its own `encode()`.
         options = {"granularity": kwargs["granularity"]} if kwargs.get("granularity") is not None else {}
-        features = self.model.prepare_features(texts, prompt=prompt or None, max_length=max_length, **options)
+        try:
+            features = self.model.prepare_features(texts, prompt=prompt or None, max_length=kwargs.get("max_length"),
+                                                   **options)
+        except (TypeError, ValueError) as error:
+            raise in_sentence_transformers_terms(error) from None
         truncated = getattr(features, "truncated", None)
         # Training batches are truncated on purpose (the trainer's per-column budgets): no warning.
         if not self.training and not self._truncation_reported and truncated is not None and truncated.any():
@@ -96,7 +108,8 @@ class EmbedderModule(InputModule):
         inputs = {name: features[name] for name in self.model.forward_input_names if name in features}
         output = self.model(**inputs)
         features["sentence_embedding"] = output.embeddings
-        if output.last_hidden_state is not None:
+        # Windows (LMK `long_input="windows"`) give per-row states, not per text: no token embeddings then.
+        if output.last_hidden_state is not None and "window_document" not in inputs:
             features["token_embeddings"] = output.last_hidden_state
         return features
 

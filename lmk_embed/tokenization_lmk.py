@@ -73,15 +73,90 @@ class LandmarkBatch:
     granularity: int
     max_length: int | None
     spans: list[list[tuple[int, int]]] | None = None
+    window_document: np.ndarray | None = None  # [rows]: the text each row (a window) belongs to
 
     def tensors(self, device=None) -> ModelInputs:
-        """The model inputs: int64 [B, T] tensors (a dict that also carries `truncated`)."""
+        """The model inputs: int64 [rows, T] tensors (a dict that also carries `truncated`), plus
+        `window_document` [rows] when texts were cut into windows (`cut_windows`)."""
         tensors = {
             "input_ids": torch.from_numpy(self.input_ids).to(device),
             "attention_mask": torch.from_numpy(self.attention_mask).to(device),
             "landmark_mask": torch.from_numpy(self.landmark_mask).to(device),
         }
+        if self.window_document is not None:
+            tensors["window_document"] = torch.from_numpy(self.window_document).to(device)
         return ModelInputs(tensors, self.truncated, self.max_length)
+
+
+def cut_windows(batch: LandmarkBatch, window_length: int, has_start: bool, pad_id: int) -> LandmarkBatch:
+    """The `windows` long-input schedule: each landmark-layout row longer than `window_length` is cut
+    at landmark boundaries into windows of whole chunks, each window opened by the row's start token
+    ([CLS] c_1 [LMK] ... c_j [LMK]) and read at the original positions. A row that fits stays one row,
+    unchanged; if every row fits, `batch` is returned as is. Landmarks keep their order, so `spans`
+    still line up. Needs `window_length` >= g + 1 + has_start (a chunk, its landmark, the start).
+
+    Returns the batch with rows = windows, [rows, T'], and `window_document` [rows].
+    """
+    lengths = batch.attention_mask.sum(1)
+    if (lengths <= window_length).all():
+        return batch
+    start = int(bool(has_start))
+    ids_rows, mask_rows, document = [], [], []
+    for text, length in enumerate(lengths.tolist()):
+        ids, mask = batch.input_ids[text, :length], batch.landmark_mask[text, :length]
+        if length <= window_length:
+            ids_rows.append(ids), mask_rows.append(mask), document.append(text)
+            continue
+        chunk_ends = np.flatnonzero(mask[start:]) + start + 1  # exclusive end of each chunk, after its landmark
+        begin = start
+        while begin < length:
+            stop = chunk_ends[np.searchsorted(chunk_ends, begin + window_length - start, side="right") - 1]
+            if stop <= begin:
+                raise ValueError(f"`window_length`={window_length} cannot hold one chunk of g={batch.granularity} "
+                                 f"tokens with its landmark{' and the start token' if start else ''}.")
+            ids_rows.append(np.concatenate([ids[:start], ids[begin:stop]]))
+            mask_rows.append(np.concatenate([mask[:start] * 0, mask[begin:stop]]))
+            document.append(text)
+            begin = stop
+    width = max(len(row) for row in ids_rows)
+    input_ids = np.full((len(ids_rows), width), pad_id, dtype=np.int64)
+    landmark_mask = np.zeros((len(ids_rows), width), dtype=np.int64)
+    attention_mask = np.zeros((len(ids_rows), width), dtype=np.int64)
+    for row, (ids, mask) in enumerate(zip(ids_rows, mask_rows)):
+        input_ids[row, : len(ids)], landmark_mask[row, : len(ids)], attention_mask[row, : len(ids)] = ids, mask, 1
+    return LandmarkBatch(input_ids, attention_mask, landmark_mask, batch.truncated, batch.granularity,
+                         batch.max_length, batch.spans, np.asarray(document, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    """One call's resolved layout options (`LMKTokenizer.resolve`, or `LMKModel.resolve` from its config).
+
+    pooling: the layout's pooling (training gives MultiCLS the CLS layout); granularity: g, already
+    drawn for `variable`; splitter: "fixed" or "sentence" (how chunks close); max_length: the token
+    budget, landmarks included (None: unbounded); landmark: "sep", "eos" or a literal token.
+    """
+
+    pooling: str
+    granularity: int
+    splitter: str
+    max_length: int | None
+    landmark: str
+    prompt: str | None = None
+    with_spans: bool = False
+
+    def checked(self, tokenizer) -> "LayoutOptions":
+        """Raise a ValueError for options `tokenizer` cannot lay out; return them unchanged."""
+        if self.with_spans and self.pooling not in CHUNK_ALIGNED_POOLINGS:
+            raise ValueError(f"Landmark spans exist only for chunk-aligned poolings (lmk, mean@k), not {self.pooling!r}.")
+        if self.pooling == "lmk":
+            tokenizer.landmark_id(self.landmark)  # a clear error without SEP / EOS
+        start_id, end_id = tokenizer.start_token_id, tokenizer.end_token_id
+        if self.pooling == "multi_cls" and (start_id is None or end_id is None):
+            raise ValueError("`pooling='multi_cls'` needs a CLS (or BOS) and a SEP (or EOS) token.")
+        if self.pooling == "cls" and start_id is None:
+            raise ValueError("`pooling='cls'` needs a CLS (or BOS) token, and the tokenizer has none.")
+        return self
 
 
 def _exclusive_cumsum_per_group(values: np.ndarray, group_starts: np.ndarray, group_of: np.ndarray) -> np.ndarray:
@@ -386,15 +461,9 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         )
         if max_length is None and truncation:
             max_length = self.default_max_length()
-        batch = self.build_layout(
-            texts,
-            pooling=pooling,
-            granularity=granularity,
-            splitter=splitter,
-            max_length=max_length if truncation else None,
-            prompt=prompt,
-            with_spans=return_landmark_spans,
-        )
+        batch = self.build_layout(texts, pooling=pooling, granularity=granularity, splitter=splitter,
+                                  max_length=max_length if truncation else None, prompt=prompt,
+                                  with_spans=return_landmark_spans)
         warn_truncated(int(batch.truncated.sum()), len(texts), max_length, stacklevel=2,
                        detail=" (the sequence still ends with a landmark)")
         data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "landmark_mask": batch.landmark_mask}
@@ -413,56 +482,48 @@ class LMKTokenizer(PreTrainedTokenizerFast):
     def check_max_length(max_length) -> None:
         check_max_length(max_length, MIN_MAX_LENGTH, "[CLS], one token and a landmark")
 
-    def resolve_granularity(self, granularity: int | None, splitter: str | None) -> tuple[int, str]:
-        """Check `granularity` / `splitter` and return the g to use (drawn for `variable`)."""
+    def resolve(self, *, pooling: str | None = None, granularity: int | None = None, splitter: str | None = None,
+                max_length: int | None = None, prompt: str | None = None, with_spans: bool = False,
+                landmark: str | None = None) -> "LayoutOptions":
+        """The standalone tokenizer's options for one call: each None from tokenizer_config.json, each
+        checked once (`variable` draws g here). `LMKModel.resolve` builds its options from its config."""
+        pooling = check_choice("pooling", self.lmk_pooling if pooling is None else pooling, POOLINGS)
         splitter = check_choice("splitter", self.lmk_splitter if splitter is None else splitter, SPLITTERS)
         if granularity is None:
             granularity = self.draw_granularity() if splitter == "variable" else self.lmk_granularity
-        return check_positive_int("granularity", granularity), splitter
-
-    def build_layout(
-        self,
-        texts: list[str],
-        *,
-        pooling: str | None = None,
-        granularity: int | None = None,
-        splitter: str | None = None,
-        max_length: int | None = None,
-        prompt: str | None = None,
-        with_spans: bool = False,
-        landmark: str | None = None,
-    ) -> LandmarkBatch:
-        """Build the padded landmark layout for `texts` (see the module docstring) in four steps:
-        `_segment` (chunks), `_truncate` (to `max_length`, markers included), `_assemble` (ids and
-        attention mask, [texts, width]) and `_pooling_mask` (the positions `pooling` averages).
-        Options left None fall back to the tokenizer's own defaults (tokenizer_config.json);
-        `LMKModel` passes every one from its config."""
-        pooling = check_choice("pooling", self.lmk_pooling if pooling is None else pooling, POOLINGS)
-        g, splitter = self.resolve_granularity(granularity, splitter)
         self.check_max_length(max_length)
-        if with_spans and pooling not in CHUNK_ALIGNED_POOLINGS:
-            raise ValueError(f"Landmark spans exist only for chunk-aligned poolings (lmk, mean@k), not {pooling!r}.")
+        options = LayoutOptions(pooling, check_positive_int("granularity", granularity),
+                                "sentence" if splitter == "sentence" else "fixed", max_length,
+                                self._landmark_option() if landmark is None else landmark, prompt, with_spans)
+        return options.checked(self)
+
+    def build_layout(self, texts: list[str], **options) -> LandmarkBatch:
+        """`layout(texts, resolve(**options))`: options left out come from tokenizer_config.json."""
+        return self.layout(texts, self.resolve(**options))
+
+    def layout(self, texts: list[str], options: "LayoutOptions") -> LandmarkBatch:
+        """Build the padded landmark layout for `texts` (see the module docstring) from resolved
+        `options`, in four steps: `_segment` (chunks), `_truncate` (to `max_length`, markers included),
+        `_assemble` (ids and attention mask, [texts, width]) and `_pooling_mask` (the positions
+        `pooling` averages). Nothing is defaulted or checked here: `resolve` did that."""
+        pooling, g, max_length = options.pooling, options.granularity, options.max_length
         layout = {"lmk": "landmark", "multi_cls": "multi_cls"}.get(pooling, "plain")
-        marker_id = self.landmark_id(landmark) if layout == "landmark" else self.start_token_id
+        marker_id = self.landmark_id(options.landmark) if layout == "landmark" else self.start_token_id
         end_id = self.end_token_id
         start_id = self.start_token_id
-        if layout == "multi_cls" and (start_id is None or end_id is None):
-            raise ValueError("`pooling='multi_cls'` needs a CLS (or BOS) and a SEP (or EOS) token.")
-        if pooling == "cls" and start_id is None:
-            raise ValueError("`pooling='cls'` needs a CLS (or BOS) token, and the tokenizer has none.")
         final_id = marker_id if layout == "landmark" else end_id
         has_start = int(start_id is not None)
 
-        prefix = prompt or ""
+        prefix = options.prompt or ""
         full_texts = [prefix + t for t in texts] if prefix else texts
-        tokens = _segment(self.content_encodings(full_texts, max_length), full_texts, g, splitter,
-                          need_offsets=with_spans or splitter == "sentence")
+        tokens = _segment(self.content_encodings(full_texts, max_length), full_texts, g, options.splitter,
+                          need_offsets=options.with_spans or options.splitter == "sentence")
         truncated = _truncate(tokens, layout, max_length, has_start, end_id)
         rows = _assemble(tokens, layout, has_start, start_id, end_id, marker_id, final_id,
                          self.pad_token_id if self.pad_token_id is not None else 0)
         landmark_mask = _pooling_mask(tokens, rows, pooling, has_start)
         spans = None
-        if with_spans:
+        if options.with_spans:
             spans = self._chunk_spans(tokens.closes, tokens.text_of, tokens.kept_start, tokens.offsets, rows.empty,
                                       len(prefix), tokens.num_texts)
         return LandmarkBatch(rows.input_ids, rows.attention_mask, landmark_mask, truncated, g, max_length, spans)

@@ -104,14 +104,15 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
         single, texts = check_tokenizer_call(
             "RecurrentEmbedTokenizer", text, kwargs, padding, return_tensors, "EOS is what the model pools"
         )
+        self.check_max_length(max_length if truncation else None)
         batch = self.build_batch(texts, prompt=prompt, max_length=max_length if truncation else None)
         warn_truncated(int(batch.truncated.sum()), len(texts), max_length, stacklevel=2, detail=" (EOS kept)")
         return to_batch_encoding({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}, single, return_tensors)
 
     def build_batch(self, texts: list[str], *, prompt: str | None = None, max_length: int | None = None) -> RecurrentBatch:
-        """`[BOS] (prompt + text) EOS` for each text, right-padded; see `RecurrentBatch`."""
+        """`[BOS] (prompt + text) EOS` for each text, right-padded; see `RecurrentBatch`. `max_length`
+        is already checked (`check_max_length`, by the caller that resolved it)."""
         prefix, eos = self.prefix_ids, self.eos_id
-        self.check_max_length(max_length)
         full = [(prompt or "") + t for t in texts]
         budget = None if max_length is None else max_length - len(prefix) - 1
         ids = [None] * len(full)

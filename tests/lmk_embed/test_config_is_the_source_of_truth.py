@@ -38,7 +38,7 @@ def test_editing_the_granularity_in_config_json_changes_the_landmark_count(edite
 
 def test_editing_the_landmark_token_in_config_json_changes_the_layout(edited):
     model = edited(landmark_token="[unused0]")
-    ids = model._tokenize([helpers.SAMPLE_TEXT]).input_ids[0]
+    ids = model.tokenize([helpers.SAMPLE_TEXT], model.resolve()).input_ids[0]
     unused = model.tokenizer.convert_tokens_to_ids("[unused0]")
     assert (ids == unused).sum() == landmarks(model) and model.tokenizer.sep_token_id not in ids.tolist()
 

@@ -85,7 +85,7 @@ def test_513_tokens_stay_close_to_512(method, extended, long_text):
 def test_long_inputs_run_up_to_n_and_the_limit_names_n(extended, long_text):
     model = load(extended["interpolate"])
     assert model.max_positions() == N and model.default_max_length() == N
-    batch = model._tokenize([long_text], max_length=N)
+    batch = model.tokenize([long_text], model.resolve(max_length=N))
     assert batch.input_ids.shape[1] == N  # the text fills the whole extended table
     assert model.encode(long_text, max_length=N).shape == (384,)
     with pytest.raises(ValueError, match="limit of 4096 positions"):
