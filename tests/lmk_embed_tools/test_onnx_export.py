@@ -75,11 +75,14 @@ def test_onnx_encode_equals_torch_encode(exported, torch_model):
     model = load_onnx(exported)
     assert isinstance(model, LMKOnnxModel)
     assert model.max_positions() == torch_model.max_positions()
-    for options in ({}, {"batch_size": 2}, {"max_length": 64, "granularity": 16}, {"normalize": False}):
+    windows = {"long_input": "windows", "window_length": 24, "max_length": None}
+    for options in ({}, {"batch_size": 2}, {"max_length": 64, "granularity": 16}, {"normalize": False}, windows):
         difference = np.abs(model.encode(TEXTS, **options) - torch_model.encode(TEXTS, **options)).max()
         assert difference <= 1e-4, (options, difference)
     assert np.abs(model.encode_query(TEXTS[:2]) - torch_model.encode_query(TEXTS[:2])).max() <= 1e-4
     ours, theirs = model.encode(SAMPLE_TEXT, output_value="landmarks"), torch_model.encode(SAMPLE_TEXT, output_value="landmarks")
+    assert ours["spans"] == theirs["spans"] and np.abs(ours["embeddings"] - theirs["embeddings"]).max() <= 1e-4
+    ours, theirs = (m.encode(SAMPLE_TEXT * 4, output_value="landmarks", **windows) for m in (model, torch_model))
     assert ours["spans"] == theirs["spans"] and np.abs(ours["embeddings"] - theirs["embeddings"]).max() <= 1e-4
     assert model.encode([]).shape == (0, torch_model.config.embedding_dim)
 
