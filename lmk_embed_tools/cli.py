@@ -317,6 +317,13 @@ def _add_evaluate(subparsers) -> None:
                         help="LMK models: also score by max over landmarks, and the max+mean hybrid")
     parser.add_argument("--granularities", type=_positive_int, nargs="+", default=None,
                         help="LMK models: one row per inference granularity g (the granularity trade-off)")
+    parser.add_argument("--long-input", nargs="+", default=None, choices=("one-pass", "windows"),
+                        help="LMK models: one row per long-input schedule (default: the checkpoint's)")
+    parser.add_argument("--windows", action="store_true",
+                        help="every model: also the windows-mean (PCW) and windows-max baselines")
+    parser.add_argument("--window", type=_positive_int, default=None,
+                        help="--windows: tokens per window (default: a SentenceTransformer's max_seq_length, "
+                             "our models' original positions)")
     parser.add_argument("--schedule", default=None, choices=("horizontal", "vertical", "auto"),
                         help="recurrent models: the inference schedule (default: the checkpoint's)")
     parser.add_argument("--queries", type=_positive_int, default=50, help="synthetic and deep:* tasks: queries (per length)")
@@ -425,7 +432,8 @@ def _run_evaluate(args) -> int:
     jobs = _jobs(args, count_tokens)
     cache_dir = None if args.no_cache else (args.cache_dir or Path(args.out) / "cache")
     retrievers = build_retrievers(models, batch_size=args.batch_size, granularities=args.granularities,
-                                  multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25)
+                                  multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25,
+                                  long_inputs=args.long_input, windows=args.windows, window=args.window)
     pairs = _parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
     rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=bool(pairs))
     comparisons = paired_comparisons(rows, pairs)

@@ -1,4 +1,5 @@
-"""Retrievers the long-context runner scores: a dense model, landmark multi-vector, and BM25.
+"""Retrievers the long-context runner scores: a dense model, landmark multi-vector, the user's own
+windows baselines (windows-mean, windows-max), and BM25.
 
 Each has `name`, `limit` (its position limit in tokens, or None) and
 `scores(queries, documents, max_length, cache) -> float32 [Q, N]`. Dense models are any object
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from lmk_embed.encoding import position_table_limit
+from lmk_embed.encoding import encode_content, position_table_limit
 
 from .cache import EmbeddingCache, cache_key, data_hash, model_hash
 
@@ -54,7 +55,8 @@ class DenseRetriever:
     def __init__(self, model, name: str, batch_size: int = 8, progress: bool = True, **encode_kwargs):
         self.model, self.name, self.batch_size, self.progress = model, name, batch_size, progress
         self.encode_kwargs = encode_kwargs
-        self.limit = position_limit(model)
+        # LMK windows read any length at the original positions: no position limit caps the budget.
+        self.limit = None if encode_kwargs.get("long_input") == "windows" else position_limit(model)
         self._digest = None
 
     def effective_length(self, max_length: int) -> int:
@@ -150,6 +152,76 @@ def late_interaction_scores(queries: np.ndarray, landmarks: list[np.ndarray], mo
     return alpha * best + (1 - alpha) * mean
 
 
+def default_window(model) -> int:
+    """The window of the windows baselines: a SentenceTransformer's own `max_seq_length` (the length its
+    authors set: 256 for all-MiniLM-L6-v2), else the positions our LMK model was pretrained with, else
+    its default length."""
+    if _is_sentence_transformer(model):
+        return int(model.max_seq_length)
+    original = getattr(model, "original_positions", None)
+    window = original() if original is not None else model.default_max_length()
+    if window is None:
+        raise ValueError(f"{type(model).__name__} reports no length: give the window (--window).")
+    return int(window)
+
+
+def window_texts(tokenizer, text: str, window: int, max_length: int | None, specials: int) -> list[str]:
+    """`text`'s first `max_length` content tokens cut into windows of `window - specials` tokens, each
+    as the characters its tokens cover (a window starts and ends on a token)."""
+    encoding = encode_content(tokenizer, [text])[0]
+    offsets = encoding.offsets[:max_length] if max_length is not None else encoding.offsets
+    step = max(window - specials, 1)
+    pieces = [text[offsets[i][0]:offsets[min(i + step, len(offsets)) - 1][1]] for i in range(0, len(offsets), step)]
+    return pieces or [text]
+
+
+class WindowsRetriever(DenseRetriever):
+    """The baseline a user builds with any embedding model: each document's first `max_length` tokens
+    cut into windows of `window` tokens (special tokens included), each window embedded alone.
+
+    `mode="mean"`: a document is the mean of its unit window vectors (LongEmbed's PCW);
+    `mode="max"`: a document scores its best window (a multi-vector index of windows)."""
+
+    def __init__(self, model, name: str, mode: str = "mean", window: int | None = None, **kwargs):
+        if mode not in ("mean", "max"):
+            raise ValueError(f"`mode` must be 'mean' or 'max', got {mode!r}")
+        super().__init__(model, name, **kwargs)
+        self.mode, self.window = mode, int(window or default_window(model))
+        if self.limit is not None and self.window > self.limit:
+            raise ValueError(f"window {self.window} exceeds {name}'s limit of {self.limit} tokens")
+        self.limit = None  # the windows read any length
+        self.vectors_per_document = None
+
+    def settings(self, max_length: int, **extra) -> dict:
+        return {**super().settings(max_length, **extra), "window": self.window}
+
+    def window_vectors(self, documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> list[np.ndarray]:
+        """Per document, its unit window vectors [n_i, D]; cached (both modes share them)."""
+        key = self.corpus_key(documents, max_length, windows=True)
+        tokenizer = self.model.tokenizer
+        specials = tokenizer.num_special_tokens_to_add() if _is_sentence_transformer(self.model) else 2
+
+        def compute():
+            pieces = [window_texts(tokenizer, text, self.window, max_length, specials) for text in documents.values()]
+            flat = [piece for windows in pieces for piece in windows]
+            # Each window fits `window` tokens with its specials; landmarks (our LMK) fit the model's limit.
+            length = self.window if _is_sentence_transformer(self.model) else position_limit(self.model) or self.window
+            vectors = _normalize(np.asarray(self._encode("encode_document", flat, length), dtype=np.float32))
+            bounds = np.cumsum([0] + [len(windows) for windows in pieces])
+            return [vectors[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+        return cache.get_or_compute(key, compute)
+
+    def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> np.ndarray:
+        windows = self.window_vectors(documents, max_length, cache)
+        self.vectors_per_document = float(np.mean([len(v) for v in windows])) if self.mode == "max" else 1.0
+        query = self.query_vectors(queries, self.window)
+        started = time.perf_counter()
+        scores = late_interaction_scores(query, windows, self.mode)
+        self.scoring_seconds = time.perf_counter() - started
+        return scores
+
+
 class BM25Retriever:
     """BM25 (bm25s, English stopwords) over whole documents: the sanity baseline; it reads every token."""
 
@@ -174,21 +246,33 @@ class BM25Retriever:
 
 
 def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, multi_vector: bool = False,
-                     schedule: str | None = None, bm25: bool = False) -> list:
+                     schedule: str | None = None, bm25: bool = False, long_inputs=None, windows: bool = False,
+                     window: int | None = None) -> list:
     """The rows of a length curve: a `DenseRetriever` per model ({row name: model}); for LMK models one
-    per inference granularity in `granularities` and, with `multi_vector`, landmark max and hybrid
-    rows from the same pass; recurrent models take `schedule`; BM25 last when asked for."""
+    per inference granularity in `granularities` and per long-input schedule in `long_inputs`
+    (landmark-pooled models; the row name then ends in it) and, with `multi_vector`, landmark max and
+    hybrid rows from the same pass; recurrent models take `schedule`. With `windows`, every model also
+    gets the windows-mean and windows-max rows (windows of `window` tokens, default `default_window`).
+    BM25 last when asked for."""
     retrievers = []
     for name, model in models.items():
         is_lmk = getattr(getattr(model, "config", None), "model_type", None) == "lmk_embedder"
         extra = {"schedule": schedule} if schedule and not is_lmk and hasattr(model, "config") else {}
+        schedules = long_inputs if is_lmk and long_inputs and model.config.pooling == "lmk" else [None]
         for g in (granularities if is_lmk and granularities else [None]):
-            label, options = (f"{name} g={g}", {"granularity": g}) if g else (name, {})
-            retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))
-            if is_lmk and multi_vector and model.config.pooling in ("lmk", "mean@k"):
-                for mode in ("max", "hybrid"):
-                    retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector {mode}", mode=mode,
-                                                           batch_size=batch_size, **options))
+            for long_input in schedules:
+                label, options = (f"{name} g={g}", {"granularity": g}) if g else (name, {})
+                if long_input:
+                    label, options = f"{label} {long_input}", {**options, "long_input": long_input}
+                retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))
+                if is_lmk and multi_vector and model.config.pooling in ("lmk", "mean@k"):
+                    for mode in ("max", "hybrid"):
+                        retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector {mode}", mode=mode,
+                                                               batch_size=batch_size, **options))
+        if windows:
+            for mode in ("mean", "max"):
+                retrievers.append(WindowsRetriever(model, f"{name} windows-{mode}", mode=mode, window=window,
+                                                   batch_size=batch_size))
     if bm25:
         retrievers.append(BM25Retriever())
     return retrievers
