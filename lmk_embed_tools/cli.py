@@ -8,6 +8,7 @@
     lmk-embed analyze attention|locality CHECKPOINT [...] [--out DIR]
     lmk-embed push CHECKPOINT REPO_ID [--dry-run] ...
     lmk-embed encode-corpus MODEL INPUT OUTPUT_DIR [--engine local|ray] [--num-workers N] [--backend onnx] ...
+    lmk-embed search INDEX "query" [--top-k 10] [--fuse 0.5]
     lmk-embed export-onnx CHECKPOINT [--quantize int8]
 
 A bad argument, a missing file or an invalid config value prints one line naming it, and the
@@ -306,7 +307,8 @@ def _add_evaluate(subparsers) -> None:
     parser.add_argument("models", nargs="+", help="checkpoint folders (ours, or any SentenceTransformer), or `bm25`")
     parser.add_argument("--task", nargs="+", required=True,
                         help="passkey, needle, stdlib, deep:scientific / deep:symbolic (a method's summary as the query "
-                             "for its class page, 600-3800 tokens deep), a BEIR folder (queries.jsonl, corpus.jsonl, "
+                             "for its class page, 600-3800 tokens deep; deep:systems, the validation source, is for "
+                             "choosing settings), a BEIR folder (queries.jsonl, corpus.jsonl, "
                              "qrels/test.tsv), or mteb:NAME")
     parser.add_argument("--corpus-cache", default="runs/corpora", help="deep:*: where the documentation corpora are cached")
     parser.add_argument("--max-lengths", type=_positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
@@ -379,11 +381,12 @@ def _jobs(args, count_tokens) -> list:
             jobs += [(task, data.length, data) for data in generated]
             continue
         if task.startswith("deep:"):
-            from lmk_embed_tools.training.corpora import OUT_OF_DOMAIN_SOURCES, build_corpus, deep_evidence_split
+            from lmk_embed_tools.training.corpora import (OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE, build_corpus,
+                                                          deep_evidence_split)
 
             source = task[len("deep:"):]
-            if source not in OUT_OF_DOMAIN_SOURCES:
-                raise UsageError(f"--task {task!r}: deep evidence comes from {list(OUT_OF_DOMAIN_SOURCES)}")
+            if source not in (*OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE):  # the validation source: for choosing
+                raise UsageError(f"--task {task!r}: deep evidence comes from {[*OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE]}")
             if count_tokens is None:
                 raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count depths")
             data = deep_evidence_split(build_corpus(args.corpus_cache, sources=(source,)), source, count_tokens,
@@ -563,6 +566,47 @@ def _run_encode_corpus(args) -> int:
     return 0
 
 
+def _add_search(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "search", help="Search a landmark index (encode-corpus --output-value landmarks): documents by their best "
+                       "landmark, each with the passage that matched.")
+    parser.add_argument("index", help="an encode-corpus folder written with --output-value landmarks")
+    parser.add_argument("queries", nargs="+", help="one or more query texts")
+    parser.add_argument("--top-k", type=_positive_int, default=10)
+    parser.add_argument("--fuse", type=float, default=0.0,
+                        help="weight of the document vector beside max-sim (0: max-sim only; 1: the document vector)")
+    parser.add_argument("--model", default=None, help="the query encoder (default: the model that encoded the corpus)")
+    parser.add_argument("--json", action="store_true", help="print the hits as JSON lines")
+    parser.set_defaults(handler=_run_search)
+
+
+def _run_search(args) -> int:
+    import json
+
+    from lmk_embed_tools.corpus.search import SearchError, format_hits, search_corpus
+
+    if not 0.0 <= args.fuse <= 1.0:
+        raise UsageError(f"--fuse must be between 0 and 1, got {args.fuse}")
+    model = None
+    if args.model is not None:
+        _check_source(args.model)
+        from lmk_embed_tools.evaluation.longcontext import load_model
+
+        model = load_model(args.model)
+    try:
+        results = search_corpus(args.index, args.queries, top_k=args.top_k, fuse=args.fuse, model=model)
+    except (SearchError, ImportError) as error:
+        raise UsageError(" ".join(str(error).split())) from None
+    for query, hits in zip(args.queries, results):
+        if args.json:
+            for rank, hit in enumerate(hits, 1):
+                print(json.dumps({"query": query, "rank": rank, "id": hit.id, "score": round(hit.score, 6),
+                                  "landmark": hit.landmark, "span": list(hit.span), "text": hit.text}))
+        else:
+            print(format_hits(query, hits))
+    return 0
+
+
 # ---- export-onnx -----------------------------------------------------------------------------------
 
 # Why recurrent checkpoints are not exported (docs/onnx.md says more).
@@ -624,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_evaluate(subparsers)
     _add_analyze(subparsers)
     _add_encode_corpus(subparsers)
+    _add_search(subparsers)
     _add_export_onnx(subparsers)
     _add_demo(subparsers)
     return parser

@@ -1,0 +1,201 @@
+"""Landmarks as a retrieval index: search an `encode-corpus --output-value landmarks` folder.
+
+Every landmark vector of every document goes into one FAISS inner-product index (unit vectors, so
+inner product is cosine). A document scores its best landmark (max-sim, late interaction), and
+each hit names the landmark and its character span, so a user sees the passage that matched.
+
+Max-sim from a landmark index is exact with a flat index: the landmarks come back best first, and a
+document's first landmark in that order is its best one, so the first k distinct documents are the
+top k by max-sim. The search asks for more landmarks until k distinct documents are found (or every
+landmark was seen). With `fuse` > 0 the score is `(1 - fuse) * max-sim + fuse * cos(query,
+document vector)`: candidates come from both the landmark and the document index, then each is
+scored exactly. FAISS was chosen by measurement (`python -m benchmarks.landmark_index`,
+docs/corpus-encoding.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import shards as shard_files
+from .inputs import Source, read_range
+
+
+class SearchError(ValueError):
+    """A folder that is not a landmark corpus, or a bad search argument; the message names it."""
+
+
+def require_faiss():
+    try:
+        import faiss
+    except ImportError:
+        raise ImportError("Searching landmarks needs faiss: pip install 'lmk-embed[search]' (faiss-cpu).") from None
+    return faiss
+
+
+@dataclass
+class Hit:
+    """One ranked document: its id, score, best landmark (index within the document) and that
+    landmark's [start, end) characters in the document's text; `text` is the passage, when read."""
+
+    id: object
+    score: float
+    landmark: int
+    span: tuple[int, int]
+    row: int
+    text: str | None = None
+
+
+class LandmarkIndex:
+    """The landmarks of a corpus in a FAISS index.
+
+    vectors: float32 [L, D] unit landmark vectors, documents contiguous; owner [L]: each landmark's
+    document (0..N-1); first [N]: each document's first landmark; spans int64 [L, 2];
+    document_vectors float32 [N, D]; ids: the N document ids.
+    """
+
+    def __init__(self, ids: list, vectors: np.ndarray, owner: np.ndarray, spans: np.ndarray,
+                 document_vectors: np.ndarray, folder: Path | None = None):
+        faiss = require_faiss()
+        self.ids, self.owner, self.spans, self.folder = ids, owner, spans, folder
+        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        self.document_vectors = np.ascontiguousarray(document_vectors, dtype=np.float32)
+        self.first = np.searchsorted(owner, np.arange(len(ids)))
+        self.landmarks = faiss.IndexFlatIP(self.vectors.shape[1])
+        self.landmarks.add(self.vectors)
+        self.documents = faiss.IndexFlatIP(self.document_vectors.shape[1])
+        self.documents.add(self.document_vectors)
+
+    @classmethod
+    def from_corpus(cls, folder) -> "LandmarkIndex":
+        """Read every shard of a complete `encode-corpus --output-value landmarks` folder."""
+        import pyarrow.parquet as pq
+
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise SearchError(f"INDEX {str(folder)!r} is not a folder written by encode-corpus")
+        manifest = shard_files.read_manifest(folder)
+        if manifest is None:
+            raise SearchError(f"INDEX {str(folder)!r} has no {shard_files.MANIFEST}: it was not written by encode-corpus")
+        if manifest["settings"].get("output_value") != "landmarks":
+            raise SearchError(f"INDEX {str(folder)!r} holds document vectors only: encode the corpus with "
+                              "`--output-value landmarks`")
+        if not manifest.get("complete"):
+            raise SearchError(f"INDEX {str(folder)!r} is not complete: run the same encode-corpus command again to finish it")
+        ids, vectors, spans, owner, documents = [], [], [], [], []
+        for record in manifest["shards"]:
+            table = pq.read_table(folder / record["file"])
+            dim = manifest["dimension"]
+            counts = np.diff(table.column("landmarks").combine_chunks().offsets.to_numpy())
+            flat = table.column("landmarks").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
+            vectors.append(flat.reshape(-1, dim).astype(np.float32))
+            span_flat = table.column("landmark_spans").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
+            spans.append(span_flat.reshape(-1, 2))
+            owner.append(np.repeat(np.arange(len(ids), len(ids) + table.num_rows), counts))
+            documents.append(table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                             .reshape(-1, dim).astype(np.float32))
+            ids += table.column("id").to_pylist()
+        return cls(ids, _unit(np.concatenate(vectors)), np.concatenate(owner), np.concatenate(spans),
+                   _unit(np.concatenate(documents)), folder)
+
+    @property
+    def manifest(self) -> dict:
+        return shard_files.read_manifest(self.folder)
+
+    def max_sim(self, queries: np.ndarray) -> np.ndarray:
+        """Exact max-sim of every document, by a direct scan: queries [Q, D] -> [Q, N] (the reference)."""
+        similarity = _unit(queries) @ self.vectors.T
+        return np.maximum.reduceat(similarity, self.first, axis=1)
+
+    def search(self, queries: np.ndarray, top_k: int = 10, fuse: float = 0.0) -> list[list[Hit]]:
+        """queries: [Q, D] query vectors -> per query its `top_k` documents, best first."""
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
+            raise SearchError(f"`top_k` must be a positive integer, got {top_k!r}")
+        if not 0.0 <= fuse <= 1.0:
+            raise SearchError(f"`fuse` must be between 0 and 1, got {fuse!r}")
+        queries = _unit(np.atleast_2d(np.asarray(queries, dtype=np.float32)))
+        top_k = min(top_k, len(self.ids))
+        return [self._search_one(query, top_k, fuse) for query in queries]
+
+    def _best_landmarks(self, query: np.ndarray, wanted: int) -> dict[int, tuple[float, int]]:
+        """{document: (max-sim, its best landmark)} of the first `wanted` distinct documents."""
+        asked = max(4 * wanted, 64)
+        while True:
+            asked = min(asked, self.landmarks.ntotal)
+            scores, found = self.landmarks.search(query[None], asked)
+            best: dict[int, tuple[float, int]] = {}
+            for score, landmark in zip(scores[0], found[0]):
+                document = int(self.owner[landmark])
+                if document not in best:
+                    best[document] = (float(score), int(landmark))
+                    if len(best) == wanted:
+                        return best
+            if asked == self.landmarks.ntotal:
+                return best
+            asked *= 4
+
+    def _search_one(self, query: np.ndarray, top_k: int, fuse: float) -> list[Hit]:
+        best = self._best_landmarks(query, top_k)
+        if fuse > 0:
+            _, found = self.documents.search(query[None], top_k)
+            for document in found[0].tolist():
+                if document not in best:  # exact max-sim of a candidate the landmark search did not reach
+                    start, stop = self.first[document], self._stop(document)
+                    similarity = self.vectors[start:stop] @ query
+                    best[document] = (float(similarity.max()), int(start + similarity.argmax()))
+        scored = []
+        for document, (max_sim, landmark) in best.items():
+            score = max_sim if fuse == 0 else (1 - fuse) * max_sim + fuse * float(self.document_vectors[document] @ query)
+            scored.append((score, document, landmark))
+        scored.sort(key=lambda item: -item[0])
+        return [Hit(self.ids[d], s, int(landmark - self.first[d]), tuple(int(x) for x in self.spans[landmark]), d)
+                for s, d, landmark in scored[:top_k]]
+
+    def _stop(self, document: int) -> int:
+        return int(self.first[document + 1]) if document + 1 < len(self.first) else len(self.owner)
+
+    def passages(self, hits: list[Hit]) -> list[Hit]:
+        """Fill each hit's `text` with its span of the document, read from the corpus's INPUT."""
+        manifest = self.manifest
+        settings = manifest["settings"]
+        sources = [Source(path, kind, info["rows"], info["fingerprint"]) for path, kind, info in
+                   zip(manifest["input"]["paths"], manifest["input"]["formats"], settings["input"])]
+        for hit in hits:
+            _, texts = read_range(sources, hit.row, hit.row + 1, settings["text_field"] or "text",
+                                  settings["id_field"], settings.get("path_field"))
+            text = texts[0] if isinstance(texts[0], str) else Path(texts[0]).read_text(encoding="utf-8")
+            hit.text = text[hit.span[0]:hit.span[1]]
+        return hits
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+
+def search_corpus(folder, queries: list[str], top_k: int = 10, fuse: float = 0.0, model=None,
+                  with_text: bool = True) -> list[list[Hit]]:
+    """Search a landmark corpus with text queries: the corpus's own model (from its manifest, or
+    `model`, an already loaded one) embeds them with `encode_query`; each hit carries its passage."""
+    index = LandmarkIndex.from_corpus(folder)
+    if model is None:
+        from .worker import load_model
+
+        model = load_model(index.manifest["model"])
+    results = index.search(np.asarray(model.encode_query(list(queries)), dtype=np.float32), top_k=top_k, fuse=fuse)
+    return [index.passages(hits) for hits in results] if with_text else results
+
+
+def format_hits(query: str, hits: list[Hit]) -> str:
+    lines = [f"query: {query}"]
+    for rank, hit in enumerate(hits, 1):
+        passage = " ".join((hit.text or "").split())
+        lines.append(f"{rank:>3}. {hit.score:.4f}  {json.dumps(hit.id)}  landmark {hit.landmark} "
+                     f"[{hit.span[0]}:{hit.span[1]}]  {passage[:160]}")
+    return "\n".join(lines)
+
+
+__all__ = ["Hit", "SearchError", "LandmarkIndex", "format_hits", "search_corpus"]
