@@ -86,6 +86,10 @@ def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return (hidden_states.float() * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
+# The `windows` schedule's rows per forward, at least (more when the batch holds more texts).
+WINDOWS_PER_FORWARD = 16
+
+
 def combine_windows(row_embeddings: torch.Tensor, landmark_mask: torch.Tensor, window_document: torch.Tensor) -> torch.Tensor:
     """The `windows` schedule's pooling: the mean of every landmark state of a document's windows.
 
@@ -439,12 +443,13 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
 
     def _embed_texts(self, texts: list[str], request: LMKRequest):
         """One batch -> (embeddings [b, D], or per text (landmark states [n_i, D], spans); truncated count).
-        Windows run in groups of at most `len(texts)` rows, each trimmed to its longest row."""
+        Windows run in groups of `max(len(texts), WINDOWS_PER_FORWARD)` rows, each trimmed to its longest
+        row: one long document's windows share forwards, as a batch of short texts would."""
         batch = self.tokenize(texts, request)
         features = batch.tensors(self.device)
         with_spans = request.output_value == "landmarks"
         rows = features["input_ids"].shape[0]
-        step = rows if batch.window_document is None else max(len(texts), 1)
+        step = rows if batch.window_document is None else max(len(texts), WINDOWS_PER_FORWARD)
         pooled, states = [], []
         for start in range(0, rows, step):
             part = slice(start, start + step)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
-from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, DEFAULT_GRANULARITIES, POOLINGS, SPLITTERS
+from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, POOLINGS, SPLITTERS, LMKConfig
 from .encoding import (
     check_choice,
     check_max_length,
@@ -365,19 +365,19 @@ class LMKTokenizer(PreTrainedTokenizerFast):
 
     @property
     def lmk_pooling(self) -> str:
-        return self._option("lmk_pooling", "lmk")
+        return self._option("lmk_pooling", LMKConfig.pooling)
 
     @property
     def lmk_granularity(self) -> int:
-        return int(self._option("lmk_granularity", 128))
+        return int(self._option("lmk_granularity", LMKConfig.granularity))
 
     @property
     def lmk_splitter(self) -> str:
-        return self._option("lmk_splitter", "fixed")
+        return self._option("lmk_splitter", LMKConfig.splitter)
 
     @property
     def lmk_granularities(self) -> tuple[int, ...]:
-        return tuple(int(g) for g in self._option("lmk_granularities", DEFAULT_GRANULARITIES))
+        return tuple(int(g) for g in self._option("lmk_granularities", LMKConfig.granularities))
 
     @property
     def landmark_token_id(self) -> int:
@@ -431,7 +431,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         the tokenizer used on its own: `LMKModel` draws from its config's set with its own generator)."""
         rng = _DRAWS.get(self)
         if rng is None:
-            rng = _DRAWS[self] = random.Random(int(self._option("lmk_seed", 0)))
+            rng = _DRAWS[self] = random.Random(int(self._option("lmk_seed", LMKConfig.splitter_seed)))
         return rng.choice(self.lmk_granularities)
 
     # ---- the public call ---------------------------------------------------------------------

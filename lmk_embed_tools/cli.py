@@ -85,25 +85,32 @@ def _load_source(convert, args, **options):
 
 
 def _add_convert_lmk(subparsers) -> None:
-    from lmk_embed.configuration_lmk import POOLINGS, POSITION_EXTENSIONS, SPLITTERS
+    from lmk_embed.configuration_lmk import LONG_INPUTS, POOLINGS, POSITION_EXTENSIONS, SPLITTERS, LMKConfig
 
     parser = subparsers.add_parser("convert-lmk", help="Turn an encoder (folder or Hub id) into an LMK checkpoint.")
     parser.add_argument("source", help="encoder checkpoint: a local folder, or a Hub id where the Hub is reachable")
     parser.add_argument("output", help="folder to write the LMK checkpoint to")
-    parser.add_argument("--pooling", default="lmk", choices=POOLINGS)
-    parser.add_argument("--granularity", type=_positive_int, default=128)
-    parser.add_argument("--splitter", default="fixed", choices=SPLITTERS)
-    parser.add_argument("--granularities", type=_positive_int, nargs="+", default=[32, 64, 128, 256])
-    parser.add_argument("--landmark-token", default="sep", help="sep, eos, or a literal token")
+    # Defaults are LMKConfig's (None here: the config fills them in).
+    parser.add_argument("--pooling", default=None, choices=POOLINGS, help=f"default {LMKConfig.pooling}")
+    parser.add_argument("--granularity", type=_positive_int, default=None, help=f"default {LMKConfig.granularity}")
+    parser.add_argument("--splitter", default=None, choices=SPLITTERS, help=f"default {LMKConfig.splitter}")
+    parser.add_argument("--granularities", type=_positive_int, nargs="+", default=None,
+                        help=f"the variable splitter's set (default {list(LMKConfig.granularities)})")
+    parser.add_argument("--landmark-token", default=None, help=f"sep, eos, or a literal token (default {LMKConfig.landmark_token})")
     parser.add_argument("--max-length", type=_positive_int, default=None)
     parser.add_argument("--no-normalize", action="store_true", help="do not L2-normalise embeddings by default")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help=f"default {LMKConfig.splitter_seed}")
     parser.add_argument("--base-model", default=None, help="Hub id to record as the base model (for cards)")
     parser.add_argument("--max-positions", type=_positive_int, default=None, metavar="N",
                         help="extend the backbone to N positions; inputs that fit the original ones keep the base's vectors")
     parser.add_argument("--position-extension", default=None, choices=POSITION_EXTENSIONS,
                         help="how positions past the original table are read: interpolate (default), recurrent or "
                              "group for absolute tables; dynamic (NTK rope scaling, the default) for rotary backbones")
+    parser.add_argument("--long-input", default=None, choices=LONG_INPUTS,
+                        help=f"how texts longer than one window are read by default (default {LMKConfig.long_input}; "
+                             "windows: landmark windows at the original positions, lmk pooling only)")
+    parser.add_argument("--window-length", type=_positive_int, default=None,
+                        help="tokens per window for --long-input windows (default: the original positions)")
     parser.set_defaults(handler=_run_convert_lmk)
 
 
@@ -117,13 +124,15 @@ def _run_convert_lmk(args) -> int:
         granularity=args.granularity,
         splitter=args.splitter,
         granularities=args.granularities,
-        normalize=not args.no_normalize,
+        normalize=False if args.no_normalize else None,
         landmark_token=args.landmark_token,
         max_length=args.max_length,
         seed=args.seed,
         base_model=args.base_model,
         max_positions=args.max_positions,
         position_extension=args.position_extension,
+        long_input=args.long_input,
+        window_length=args.window_length,
     )
     print(f"LMK checkpoint written to {path}")
     return 0

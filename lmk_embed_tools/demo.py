@@ -41,7 +41,7 @@ BUDGETS = {
     # allow; `full` runs the LongEmbed scale (50 queries, 100 pages) at every length to 4096.
     "demo": {"steps": 150, "queries": 310, "in_domain_queries": 200, "trained_lengths": [512], "base_lengths": [256, 512],
              "untrained_lengths": [512],
-             "long": {"sources": ["scientific"], "lengths": [512, 2048], "queries": 20, "documents": 40}},
+             "long": {"sources": ["scientific"], "lengths": [512, 2048, 4096], "queries": 20, "documents": 40}},
     "full": {"steps": 600, "queries": 320, "in_domain_queries": 320, "trained_lengths": [128, 256, 512],
              "base_lengths": [128, 256, 512], "untrained_lengths": [128, 256, 512],
              "long": {"sources": ["scientific", "symbolic"], "lengths": [256, 512, 1024, 2048, 4096], "queries": 50,
@@ -147,14 +147,15 @@ def finetune_side_by_side(bases: dict[str, Path], train_file: Path, out_dir: Pat
 
 
 def evaluate_lengths(trained: dict[str, Path], out_dir: Path, budget: dict) -> list[dict]:
-    """The length table: base (at its 512 limit), trained LMK and CLS on the extended backbone, and
-    BM25, on the deep-evidence splits (a method's summary as the query for its class page, the line
+    """The length table: base (at its 512 limit, and windows-mean / windows-max of 256-token windows),
+    trained LMK and CLS on the extended backbone in one pass, trained LMK in windows (single vector and
+    landmark max-sim), and BM25, on the deep-evidence splits (a method's summary as the query for its class page, the line
     600-3800 tokens deep), at every length of the budget."""
     from sentence_transformers import SentenceTransformer
 
     from lmk_embed_tools.evaluation.longcontext import evaluate_jobs
     from lmk_embed_tools.evaluation.report import write_report
-    from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever
+    from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever, MultiVectorRetriever, WindowsRetriever
     from lmk_embed_tools.evaluation.synthetic import token_counter
     from lmk_embed_tools.evaluation.table import format_length_table
     from lmk_embed_tools.training.corpora import build_corpus, deep_evidence_split
@@ -171,8 +172,16 @@ def evaluate_lengths(trained: dict[str, Path], out_dir: Path, budget: dict) -> l
         say(f"  {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
         jobs += [(split.name, length, split) for length in long["lengths"]]
     retrievers = [DenseRetriever(base, BASE_ROW, progress=False)]
-    retrievers += [DenseRetriever(load_checkpoint(path), f"trained {name.upper()}", progress=False)
-                   for name, path in trained.items()]
+    # The user's own baselines: the base on 256-token windows (its own max_seq_length), averaged or best-of.
+    retrievers += [WindowsRetriever(base, f"{BASE_ROW} windows-{mode}", mode=mode, window=256, progress=False)
+                   for mode in ("mean", "max")]
+    for name, path in trained.items():
+        model = load_checkpoint(path)
+        retrievers.append(DenseRetriever(model, f"trained {name.upper()}", progress=False))
+        if model.config.pooling == "lmk":  # the windows schedule, single vector and landmark max-sim
+            retrievers += [DenseRetriever(model, f"trained {name.upper()} windows", long_input="windows", progress=False),
+                           MultiVectorRetriever(model, f"trained {name.upper()} windows landmark max-sim", mode="max",
+                                                long_input="windows", progress=False)]
     retrievers.append(BM25Retriever())
     # The cache lets the base's rows past its 512 limit reuse its 512-token vectors.
     rows = evaluate_jobs(retrievers, jobs, cache_dir=out_dir / "cache", progress=False)

@@ -117,23 +117,26 @@ def convert_to_lmk(
     source: str | Path,
     output_dir: str | Path,
     *,
-    pooling: str = "lmk",
-    granularity: int = 128,
-    splitter: str = "fixed",
-    granularities=(32, 64, 128, 256),
-    normalize: bool = True,
-    landmark_token: str = "sep",
+    pooling: str | None = None,
+    granularity: int | None = None,
+    splitter: str | None = None,
+    granularities=None,
+    normalize: bool | None = None,
+    landmark_token: str | None = None,
     max_length: int | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     base_model: str | None = None,
     max_positions: int | None = None,
     position_extension: str | None = None,
+    long_input: str | None = None,
+    window_length: int | None = None,
 ) -> Path:
     """Turn an encoder checkpoint (local folder, or a Hub id where the Hub is reachable) into an LMK checkpoint.
 
-    `base_model` is the Hub id recorded for model cards; by default `source` when it is not a local folder.
-    `max_positions` N extends the backbone past its positions with `position_extension` (see
-    `plan_position_extension`); inputs that fit the original positions keep the base's vectors.
+    Options left None take `LMKConfig`'s defaults (the one place they are written). `base_model` is the
+    Hub id recorded for model cards; by default `source` when it is not a local folder. `max_positions`
+    N extends the backbone past its positions with `position_extension` (see `plan_position_extension`);
+    inputs that fit the original positions keep the base's vectors.
     """
     from lmk_embed.configuration_lmk import LMKConfig
     from lmk_embed.modeling_lmk import LMKModel
@@ -147,19 +150,17 @@ def convert_to_lmk(
         if max_positions is None:
             raise ConversionError("`position_extension` needs `max_positions`, the new position limit N.")
         extension = plan_position_extension(backbone, backbone_config, state, max_positions, position_extension)
-    config = LMKConfig(
-        backbone_config=backbone_config,
-        position_extension=extension,
-        base_model=base_model if base_model is not None else hub_id_or_none(source),
-        pooling=pooling,
-        granularity=granularity,
-        splitter=splitter,
-        granularities=list(granularities),
-        splitter_seed=seed,
-        landmark_token=landmark_token,
-        normalize=normalize,
-        max_length=max_length,
-    )
+    options = {"pooling": pooling, "granularity": granularity, "splitter": splitter,
+               "granularities": None if granularities is None else list(granularities), "splitter_seed": seed,
+               "landmark_token": landmark_token, "normalize": normalize, "max_length": max_length,
+               "long_input": long_input, "window_length": window_length}
+    try:
+        config = LMKConfig(backbone_config=backbone_config, position_extension=extension,
+                           base_model=base_model if base_model is not None else hub_id_or_none(source),
+                           **{name: value for name, value in options.items() if value is not None})
+    except ValueError as error:
+        raise ConversionError(str(error)) from None
+    seed = config.splitter_seed
     torch.manual_seed(seed)  # the latent-attention pooler is the only new weight
     model = LMKModel(config)
     try:
