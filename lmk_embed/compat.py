@@ -1,9 +1,14 @@
-"""The shipped code's one door into other libraries' private internals, each behind a version guard.
+"""The shipped code's one door into other libraries' internals, each behind a guard.
 
-Everything else in the shipped files uses public APIs. A reach below works only with the versions
-it was tested with: outside that range it fails at once, naming the installed version, rather than
-misbehaving silently. Today there is one reach: undoing an external package's takeover of
-transformers' own model types (flash-linear-attention registers its own `mamba2`).
+Two kinds of reach:
+- Private registries, behind a version guard (`require_tested`): undoing an external package's
+  takeover of transformers' own model types (flash-linear-attention registers its own `mamba2`).
+- Module attributes the recurrent block steps read (transformers' `Mamba2Mixer` sizes and its
+  `time_step_limit`, xLSTM's layer dims and cache, fla's `RWKV7Attention` weights, ...). They are
+  not promised to stay, so `check_backbone_internals` checks, once per model load, that every
+  attribute a backbone's step reads exists (`BACKBONE_INTERNALS`), and otherwise fails naming the
+  library, its version and the attribute, before any wrong number can come out.
+Everything else in the shipped files uses public APIs.
 """
 
 from __future__ import annotations
@@ -61,4 +66,94 @@ def restore_transformers_model_types(package: str) -> list[str]:
     return restored
 
 
-__all__ = ["UntestedVersionError", "require_tested", "restore_transformers_model_types"]
+# What each recurrent backbone's block step reads, per module: (library, {module path: attributes}).
+# A module path is a dotted walk from the backbone, `layers[0]` meaning the first layer.
+BACKBONE_INTERNALS = {
+    "mamba2": ("transformers", {
+        "": ("embeddings", "layers", "norm_f"),
+        "norm_f": ("weight", "variance_epsilon"),
+        "layers[0]": ("norm", "mixer", "residual_in_fp32"),
+        "layers[0].mixer": ("in_proj", "conv1d", "act", "intermediate_size", "conv_dim", "num_heads", "n_groups",
+                            "ssm_state_size", "head_dim", "A_log", "time_step_limit", "chunk_size", "D", "dt_bias",
+                            "norm", "out_proj"),
+        "layers[0].mixer.norm": ("weight", "variance_epsilon"),
+    }),
+    "xlstm": ("transformers", {"": ("config", "blocks"), "blocks[0].mlstm_layer": ("qk_dim", "v_dim")}),
+    "rwkv7": ("fla", {
+        "": ("embeddings", "layers", "norm"),
+        "layers[0]": ("attn", "attn_norm", "ffn", "ffn_norm"),
+        "layers[0].attn": ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "r_proj", "k_proj", "v_proj", "o_proj", "w_lora",
+                           "v_lora", "a_lora", "g_lora", "layer_idx", "num_heads", "head_dim", "head_v_dim", "k_k",
+                           "k_a", "r_k", "g_norm", "fuse_norm"),
+        "layers[0].attn.g_norm": ("num_groups", "weight", "bias", "eps"),
+        "layers[0].ffn": ("key", "value", "x_k"),
+        "layers[0].attn_norm": ("weight", "bias", "eps"),
+    }),
+}
+
+
+class MissingInternalError(RuntimeError):
+    """An attribute a block step reads is gone from the installed library."""
+
+
+def _library_version(library: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version({"fla": "flash-linear-attention"}.get(library, library))
+    except Exception:  # not installed as a distribution
+        return "unknown"
+
+
+def _walk(module, path: str):
+    for part in filter(None, path.replace("]", "").replace("[", ".").split(".")):
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    return module
+
+
+def check_backbone_internals(model_type: str, backbone) -> None:
+    """Raise `MissingInternalError` naming the library, its version and the attribute unless `backbone`
+    (of `model_type`) has every attribute its block step reads (`BACKBONE_INTERNALS`); other model
+    types run through their library's own forward and need nothing."""
+    if model_type not in BACKBONE_INTERNALS:
+        return
+    library, paths = BACKBONE_INTERNALS[model_type]
+    for path, names in paths.items():
+        try:
+            module = _walk(backbone, path)
+        except (AttributeError, IndexError, TypeError):
+            module, names = None, (path,)
+        for name in names:
+            if module is None or not hasattr(module, name):
+                where = f"{path}.{name}" if module is not None and path else name
+                raise MissingInternalError(
+                    f"The {model_type} block step reads `{where}` of {type(backbone).__name__}, which {library} "
+                    f"{_library_version(library)} does not have; install the tested versions (constraints.txt) "
+                    "or update this code.")
+
+
+def carried_cache(output, cache_type):
+    """The cache a backbone's forward returned in `output`: transformers 5.23 names it `cache_params`,
+    later releases `cache`. Found by type, not by the keyword's name."""
+    for name in ("cache_params", "cache"):
+        value = getattr(output, name, None)
+        if isinstance(value, cache_type):
+            return value
+    raise MissingInternalError(f"The backbone's output carries no {cache_type.__name__} (neither `cache_params` "
+                               "nor `cache`); this transformers release renamed it again.")
+
+
+def cache_keyword(forward) -> str:
+    """The keyword that passes a cache into `forward`: `cache_params` (transformers 5.23) or `cache` (later)."""
+    import inspect
+
+    parameters = inspect.signature(forward).parameters
+    for name in ("cache_params", "cache"):
+        if name in parameters:
+            return name
+    raise MissingInternalError("The backbone's forward takes neither `cache_params` nor `cache`; this transformers "
+                               "release renamed it again.")
+
+
+__all__ = ["BACKBONE_INTERNALS", "MissingInternalError", "UntestedVersionError", "cache_keyword", "carried_cache",
+           "check_backbone_internals", "require_tested", "restore_transformers_model_types"]

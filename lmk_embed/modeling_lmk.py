@@ -209,11 +209,13 @@ class LMKPreTrainedModel(PreTrainedModel):
         # are handled here because `apply` reaches the parent after them.
         if isinstance(module, LatentAttentionPooling):
             nn.init.normal_(module.latents, std=0.02)
-            # Private, but MultiheadAttention has no public re-init of in_proj and the biases.
-            module.attention._reset_parameters()
-            for layer in (module.attention.out_proj, *module.mlp):
+            attention = module.attention  # what MultiheadAttention's own (private) reset does, in public calls
+            nn.init.xavier_uniform_(attention.in_proj_weight)
+            nn.init.zeros_(attention.in_proj_bias)
+            for layer in (attention.out_proj, *module.mlp):
                 if isinstance(layer, nn.Linear):
                     layer.reset_parameters()
+            nn.init.zeros_(attention.out_proj.bias)
 
 
 class LMKModel(EncoderMixin, LMKPreTrainedModel):

@@ -21,7 +21,6 @@ Other backbones carry state through their own transformers cache.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from .compat import cache_keyword, carried_cache, check_backbone_internals
 from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
 from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
@@ -343,12 +343,6 @@ def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chun
 # ---- carrying state through other backbones' own caches ---------------------------------------
 
 
-def _cache_keyword(backbone) -> str:
-    """transformers renamed `cache_params=` to `cache=` after 5.23; accept either."""
-    parameters = inspect.signature(backbone.forward).parameters
-    return "cache_params" if "cache_params" in parameters else "cache"
-
-
 def _new_xlstm_cache(backbone, batch_size: int, like: torch.Tensor):
     """An xLSTM cache with the layers' real head sizes. transformers sizes it from the config,
     which rounds qk/v dims up to multiples of 64 and crashes for e.g. qk_dim_factor=0.5."""
@@ -420,6 +414,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         super().__init__(config)
         config.check()
         self.backbone = AutoModel.from_config(config.backbone_config)
+        check_backbone_internals(config.backbone_config.model_type, self.backbone)  # once per load, named
         if self.state_carrier == "rwkv7":
             check_rwkv7_backbone(self.backbone)
         self._tokenizer = None
@@ -522,9 +517,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
             output = self.backbone(input_ids=input_ids, state=None if state is None else state.tensors, use_cache=True)
             return output.last_hidden_state, RwkvState(list(output.state))
         cache = _new_xlstm_cache(self.backbone, input_ids.shape[0], input_ids) if state is None else state.cache
-        keyword = _cache_keyword(self.backbone)
-        output = self.backbone(input_ids=input_ids, use_cache=True, **{keyword: cache})
-        return output.last_hidden_state, XlstmState(getattr(output, keyword))
+        output = self.backbone(input_ids=input_ids, use_cache=True, **{cache_keyword(self.backbone.forward): cache})
+        return output.last_hidden_state, XlstmState(carried_cache(output, type(cache)))
 
     def _mamba2_block(self, input_ids: torch.Tensor, state: Mamba2State | None):
         backbone = self.backbone

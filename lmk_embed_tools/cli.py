@@ -330,8 +330,11 @@ def _add_evaluate(subparsers) -> None:
                         help="LMK models: one row per inference granularity g (the granularity trade-off)")
     parser.add_argument("--long-input", nargs="+", default=None, choices=("one-pass", "windows"),
                         help="LMK models: one row per long-input schedule (default: the checkpoint's)")
-    parser.add_argument("--windows", action="store_true",
-                        help="every model: also the windows-mean (PCW) and windows-max baselines")
+    parser.add_argument("--window-length", type=_positive_int, nargs="+", default=None,
+                        help="LMK models with --long-input windows: one row per window length W")
+    parser.add_argument("--windows", nargs="*", default=None, metavar="NAME",
+                        help="also the windows-mean (PCW) and windows-max baselines: for the models named (row names), "
+                             "or for every model when none is named")
     parser.add_argument("--window", type=_positive_int, default=None,
                         help="--windows: tokens per window (default: a SentenceTransformer's max_seq_length, "
                              "our models' original positions)")
@@ -443,9 +446,15 @@ def _run_evaluate(args) -> int:
         count_tokens = token_counter(next(iter(models.values())).tokenizer) if models else None
     jobs = _jobs(args, count_tokens)
     cache_dir = None if args.no_cache else (args.cache_dir or Path(args.out) / "cache")
+    if args.windows:
+        unknown = sorted(set(args.windows) - set(names))
+        if unknown:
+            raise UsageError(f"--windows: {unknown} are not among the models' names {names}")
     retrievers = build_retrievers(models, batch_size=args.batch_size, granularities=args.granularities,
                                   multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25,
-                                  long_inputs=args.long_input, windows=args.windows, window=args.window)
+                                  long_inputs=args.long_input,
+                                  windows=None if args.windows is None else (args.windows or list(models)), window=args.window,
+                                  window_lengths=args.window_length)
     pairs = _parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
     rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=bool(pairs))
     comparisons = paired_comparisons(rows, pairs)

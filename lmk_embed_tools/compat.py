@@ -3,8 +3,8 @@
 Each function here reaches into something a library does not promise to keep, because no public
 API does the job. It first checks the library's installed version against the range the reach was
 tested with, and outside it fails at once with an error that names the installed version, rather
-than computing something wrong. Everything else in the tooling uses public APIs. This module
-imports nothing of ours.
+than computing something wrong. Everything else in the tooling uses public APIs. Its error is the
+shipped code's `UntestedVersionError`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ from __future__ import annotations
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from lmk_embed.compat import UntestedVersionError  # one error class for every version guard
+
 # The versions each library's reach below was tested with.
 TESTED = {
     "mteb": SpecifierSet(">=2,<3"),
     "datasets": SpecifierSet(">=4,<6"),  # the train / scale extras need datasets>=4; 5.2.0 is pinned
     "sentence_transformers": SpecifierSet(">=6,<7"),
+    "transformers": SpecifierSet(">=5.23,<6"),
 }
-
-
-class UntestedVersionError(RuntimeError):
-    """A library's installed version is outside the range a private reach was tested with."""
 
 
 def check_tested(module, purpose: str) -> None:
@@ -86,5 +85,14 @@ def dataset_fingerprint(dataset) -> str:
     return str(dataset._fingerprint)
 
 
-__all__ = ["TESTED", "UntestedVersionError", "check_tested", "dataset_fingerprint", "mteb_retrieval_scores",
-           "single_writer_trainer"]
+def attention_implementation(model) -> str:
+    """The attention implementation a transformers model runs now ("sdpa", "eager", ...), to restore
+    after `set_attn_implementation`. Private: the setter is public, the getter (`config._attn_implementation`) is not."""
+    import transformers
+
+    check_tested(transformers, "Reading a model's attention implementation")
+    return model.config._attn_implementation
+
+
+__all__ = ["TESTED", "UntestedVersionError", "attention_implementation", "check_tested", "dataset_fingerprint",
+           "mteb_retrieval_scores", "single_writer_trainer"]

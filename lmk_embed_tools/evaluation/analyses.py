@@ -16,6 +16,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from lmk_embed_tools.compat import attention_implementation
+
 
 def binned_attention(attention: torch.Tensor, attention_mask: torch.Tensor, pooled_mask: torch.Tensor,
                      bins: int = 20) -> list[np.ndarray]:
@@ -41,7 +43,7 @@ def attention_by_position(model, texts: Sequence[str], max_length: int = 512, bi
     `pooling` overrides the layout's pooled tokens ("lmk": the landmarks, "cls": the first token).
     Returns {"pooling", "max_length", "bins", "mass": [bins], "row_sums": [n pooled tokens]}."""
     backbone = model.backbone
-    previous = backbone.config._attn_implementation
+    previous = attention_implementation(backbone)
     backbone.set_attn_implementation("eager")  # sdpa returns no weights; eager's are the real softmax
     pooling = pooling or model.config.pooling
     masses = []

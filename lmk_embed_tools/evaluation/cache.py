@@ -16,13 +16,19 @@ import numpy as np
 
 
 def model_hash(model) -> str:
-    """sha256 of every parameter and buffer (names, dtypes, shapes, bytes) and the model's class.
+    """sha256 of every parameter and buffer (names, dtypes, shapes, bytes), the model's class and its
+    config (our models' defaults, such as granularity or long_input, live there).
 
     Hashes what the model computes with, not where it was loaded from, so a fine-tuned copy
-    saved over the same folder never reads its predecessor's vectors."""
+    saved over the same folder, or a copy whose config.json was edited, never reads its
+    predecessor's vectors."""
     import torch
 
     digest = hashlib.sha256(type(model).__qualname__.encode())
+    config = getattr(model, "config", None)
+    if hasattr(config, "to_dict"):
+        settings = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+        digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor = tensor.detach().cpu().contiguous()

@@ -246,30 +246,36 @@ class BM25Retriever:
 
 
 def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, multi_vector: bool = False,
-                     schedule: str | None = None, bm25: bool = False, long_inputs=None, windows: bool = False,
-                     window: int | None = None) -> list:
+                     schedule: str | None = None, bm25: bool = False, long_inputs=None, windows=None,
+                     window: int | None = None, window_lengths=None) -> list:
     """The rows of a length curve: a `DenseRetriever` per model ({row name: model}); for LMK models one
     per inference granularity in `granularities` and per long-input schedule in `long_inputs`
-    (landmark-pooled models; the row name then ends in it) and, with `multi_vector`, landmark max and
-    hybrid rows from the same pass; recurrent models take `schedule`. With `windows`, every model also
-    gets the windows-mean and windows-max rows (windows of `window` tokens, default `default_window`).
+    (landmark-pooled models; the row name then ends in it; `windows` once per W in `window_lengths`)
+    and, with `multi_vector`, landmark max and
+    hybrid rows from the same pass; recurrent models take `schedule`. The models named in `windows` (or
+    every model, for `windows=True`) also get the windows-mean and windows-max rows (windows of `window`
+    tokens, default `default_window`).
     BM25 last when asked for."""
     retrievers = []
     for name, model in models.items():
         is_lmk = getattr(getattr(model, "config", None), "model_type", None) == "lmk_embedder"
         extra = {"schedule": schedule} if schedule and not is_lmk and hasattr(model, "config") else {}
-        schedules = long_inputs if is_lmk and long_inputs and model.config.pooling == "lmk" else [None]
+        schedules = [(s, None) for s in long_inputs] if is_lmk and long_inputs and model.config.pooling == "lmk" else [(None, None)]
+        if window_lengths:
+            schedules = [(s, w) for s, _ in schedules for w in (window_lengths if s == "windows" else [None])]
         for g in (granularities if is_lmk and granularities else [None]):
-            for long_input in schedules:
+            for long_input, window_length in schedules:
                 label, options = (f"{name} g={g}", {"granularity": g}) if g else (name, {})
                 if long_input:
                     label, options = f"{label} {long_input}", {**options, "long_input": long_input}
+                if window_length:
+                    label, options = f"{label} W={window_length}", {**options, "window_length": window_length}
                 retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))
                 if is_lmk and multi_vector and model.config.pooling in ("lmk", "mean@k"):
                     for mode in ("max", "hybrid"):
                         retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector {mode}", mode=mode,
                                                                batch_size=batch_size, **options))
-        if windows:
+        if windows is True or (windows and name in windows):
             for mode in ("mean", "max"):
                 retrievers.append(WindowsRetriever(model, f"{name} windows-{mode}", mode=mode, window=window,
                                                    batch_size=batch_size))

@@ -65,3 +65,35 @@ def test_the_content_backend_copy_is_kept_beside_the_tokenizer_not_in_it(minilm_
     del tokenizer
     gc.collect()
     assert len(encoding._CONTENT_BACKENDS) == entries - 1
+
+
+def test_the_recurrent_backbones_have_every_internal_their_block_steps_read(mamba2_checkpoint):
+    from transformers import xLSTMConfig, xLSTMModel
+
+    from lmk_embed import RecurrentEmbedModel
+
+    model = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint)  # checks its Mamba2 on load
+    compat.check_backbone_internals("mamba2", model.backbone)
+    xlstm = xLSTMModel(xLSTMConfig(vocab_size=64, hidden_size=32, embedding_dim=32, num_heads=2, num_blocks=1,
+                                   qk_dim_factor=1.0))
+    compat.check_backbone_internals("xlstm", xlstm)
+    assert compat.cache_keyword(xlstm.forward) in ("cache_params", "cache")
+
+
+def test_a_missing_internal_fails_at_load_naming_library_version_and_attribute(mamba2_checkpoint, monkeypatch):
+    import transformers
+    from transformers.models.mamba2 import modeling_mamba2
+
+    from lmk_embed import RecurrentEmbedModel
+
+    original = modeling_mamba2.Mamba2Mixer.__init__
+
+    def without_limit(self, *args, **kwargs):  # a release that renamed `time_step_limit`
+        original(self, *args, **kwargs)
+        del self.time_step_limit
+
+    monkeypatch.setattr(modeling_mamba2.Mamba2Mixer, "__init__", without_limit)
+    with pytest.raises(compat.MissingInternalError,
+                       match=rf"reads `layers\[0\]\.mixer\.time_step_limit` of Mamba2Model, which transformers "
+                             rf"{transformers.__version__} does not have"):
+        RecurrentEmbedModel.from_pretrained(mamba2_checkpoint)

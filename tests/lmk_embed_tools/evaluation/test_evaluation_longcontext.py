@@ -138,6 +138,18 @@ def test_cache_hit_returns_the_same_vectors_and_a_changed_setting_or_document_mi
     assert (cache.hits, cache.misses) == (1, 4)
 
 
+def test_a_config_edit_misses_the_cache(lmk_checkpoint, tmp_path):
+    from lmk_embed import LMKModel
+
+    documents = {f"d{i}": t for i, t in enumerate(helpers.stdlib_texts(6))}
+    cache = EmbeddingCache(tmp_path)
+    model = LMKModel.from_pretrained(lmk_checkpoint).eval()
+    before = DenseRetriever(model, "tiny", progress=False).corpus_vectors(documents, 64, cache)
+    model.config.granularity = 4  # the same weights, another default (an edited config.json)
+    after = DenseRetriever(model, "tiny", progress=False).corpus_vectors(documents, 64, cache)
+    assert (cache.hits, cache.misses) == (0, 2) and not np.allclose(before, after)
+
+
 def test_max_over_landmarks_beats_mean_pooling_on_a_single_relevant_sentence():
     e = np.eye(4, dtype=np.float32)
     query = e[:1]
