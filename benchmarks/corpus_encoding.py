@@ -165,7 +165,8 @@ def main() -> None:
         if not args.no_ray:
             candidates["ray2"] = corpus("ray", 2)
         if args.onnx:
-            from lmk_embed.onnx_backend import QUANTIZED_FILES, export_onnx
+            from lmk_embed.onnx_backend import QUANTIZED_FILES
+            from lmk_embed_tools.onnx_export import export_onnx
 
             export_onnx(model, quantize="int8")
             candidates["onnx1"] = corpus("local", 1, backend="onnx")

@@ -133,7 +133,7 @@ def peak_rss(folder, texts: list[str], batch_size: int, threads: int, scratch: P
 
 def quality(trained: Path, scratch: Path, threads: int, max_queries: int) -> dict:
     """Part 4: nDCG@10 of the int8 graph against the fp32 graph on the out-of-domain splits, at 512."""
-    from lmk_embed.onnx_backend import export_onnx
+    from lmk_embed_tools.onnx_export import export_onnx
     from lmk_embed_tools.evaluation.table import evaluate_table
     from lmk_embed_tools.training.corpora import build_corpus, evaluation_splits
 
@@ -238,7 +238,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from lmk_embed.onnx_backend import export_onnx
+    from lmk_embed_tools.onnx_export import export_onnx
     from lmk_embed_tools.training.convert import convert_to_lmk
 
     warnings.filterwarnings("ignore", message=".*truncated.*")

@@ -658,7 +658,7 @@ def _run_export_onnx(args) -> int:
         raise UsageError(f"{args.checkpoint!r} is a recurrent checkpoint. {RECURRENT_ONNX_REFUSAL}")
     if model_type != "lmk_embedder":
         raise UsageError(f"{args.checkpoint!r} is not an LMK checkpoint (config.json model_type {model_type!r})")
-    from lmk_embed.onnx_backend import export_onnx
+    from lmk_embed_tools.onnx_export import export_onnx
 
     try:
         written = export_onnx(folder, quantize=args.quantize, fuse=not args.no_fuse)

@@ -14,17 +14,20 @@ TOOLS = "lmk_embed_tools"
 # Our units (the shipped package, the tooling package's parts, the benchmarks) and the ones each may import.
 ALLOWED_IMPORTS = {
     "lmk_embed": set(),
-    f"{TOOLS}.compat": set(),  # the one door into other libraries' internals
+    f"{TOOLS}.compat": {"lmk_embed"},  # the one door into other libraries' internals (the shipped error class)
+    f"{TOOLS}.onnx_export": {"lmk_embed"},  # writes the graphs the shipped runtime reads
     f"{TOOLS}.model_cards": {"lmk_embed"},
     f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat"},
     f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation", f"{TOOLS}.compat"},  # evaluation: the split type
-    f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards"},
+    f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards", f"{TOOLS}.onnx_export"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
     f"{TOOLS}.corpus": {f"{TOOLS}.compat"},
-    f"{TOOLS}.cli": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "corpus", "demo"))},
+    f"{TOOLS}.cli": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "corpus", "demo",
+                                                           "onnx_export"))},
     f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push"))},
     f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation"},
-    "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push"))},
+    "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push",
+                                                          "onnx_export"))},
 }
 
 
@@ -135,7 +138,7 @@ def test_checkpoint_code_is_exactly_the_family_file_set(checkpoint, family, requ
 # Optional runtimes a shipped file may import: only the file named here, only lazily (inside a function)
 # and only inside a try block, which transformers' remote-code loader skips when it lists what a
 # checkpoint's code requires. Anywhere else, every checkpoint would need them installed to load at all.
-LAZY_IMPORTS = {"onnx_backend.py": {"onnxruntime", "onnx"}}
+LAZY_IMPORTS = {"onnx_backend.py": {"onnxruntime"}}
 
 
 def _imports_with_context(tree, in_function=False, in_try=False):

@@ -41,7 +41,7 @@ def torch_model(exported):
 def extended(tmp_path_factory):
     """A tiny BERT (absolute positions, 512) extended to 4,096 by interpolation, then exported (fused)."""
     from lmk_embed_tools.training.convert import convert_to_lmk
-    from lmk_embed.onnx_backend import export_onnx
+    from lmk_embed_tools.onnx_export import export_onnx
 
     root = tmp_path_factory.mktemp("onnx-extended")
     folder = convert_to_lmk(tiny_encoder_source(root / "bert", "bert"), root / "lmk", granularity=32,
@@ -114,7 +114,7 @@ def test_extended_checkpoint_exports_and_matches_at_long_lengths(extended):
 def test_the_checkpoints_own_pooling_is_exported(modernbert_source, tmp_path):
     """Mean pooling without normalisation: the graph reads no landmark mask and normalises nothing."""
     from lmk_embed_tools.training.convert import convert_to_lmk
-    from lmk_embed.onnx_backend import export_onnx
+    from lmk_embed_tools.onnx_export import export_onnx
 
     folder = convert_to_lmk(modernbert_source, tmp_path / "mean", pooling="mean", normalize=False)
     export_onnx(folder, fuse=False)
@@ -139,6 +139,12 @@ def test_sentence_transformers_backend_onnx(exported):
         onnx_st.train()
     with pytest.raises(NotImplementedError, match="no torch weights"):
         onnx_st.save(str(exported.parent / "resaved"))
+
+
+def test_a_checkpoint_ships_the_runtime_and_no_export_code(exported):
+    shipped = (exported / "onnx_backend.py").read_text()
+    assert "class LMKOnnxModel" in shipped
+    assert not any(word in shipped for word in ("def export_onnx", "def quantize_graph", "def weights_fingerprint", "import hashlib"))
 
 
 def test_missing_onnxruntime_names_the_extra(exported, monkeypatch):
