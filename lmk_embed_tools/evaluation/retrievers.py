@@ -165,12 +165,23 @@ def default_window(model) -> int:
     return int(window)
 
 
-def window_texts(tokenizer, text: str, window: int, max_length: int | None, specials: int) -> list[str]:
-    """`text`'s first `max_length` content tokens cut into windows of `window - specials` tokens, each
-    as the characters its tokens cover (a window starts and ends on a token)."""
+def window_content(model, window: int) -> int:
+    """The content tokens one window of `window` tokens holds for `model`: less [CLS] and [SEP] (or the
+    tokenizer's own special tokens), and for landmark layouts less one landmark per g tokens too."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) == "lmk_embedder" and config.pooling in ("lmk", "multi_cls"):
+        return max((window - 1) * config.granularity // (config.granularity + 1), 1)
+    tokenizer = model.tokenizer
+    specials = tokenizer.num_special_tokens_to_add() if _is_sentence_transformer(model) else 2
+    return max(window - specials, 1)
+
+
+def window_texts(tokenizer, text: str, content: int, max_length: int | None) -> list[str]:
+    """`text`'s first `max_length` content tokens cut into windows of `content` tokens, each as the
+    characters its tokens cover (a window starts and ends on a token)."""
     encoding = encode_content(tokenizer, [text])[0]
     offsets = encoding.offsets[:max_length] if max_length is not None else encoding.offsets
-    step = max(window - specials, 1)
+    step = content
     pieces = [text[offsets[i][0]:offsets[min(i + step, len(offsets)) - 1][1]] for i in range(0, len(offsets), step)]
     return pieces or [text]
 
@@ -198,15 +209,13 @@ class WindowsRetriever(DenseRetriever):
     def window_vectors(self, documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> list[np.ndarray]:
         """Per document, its unit window vectors [n_i, D]; cached (both modes share them)."""
         key = self.corpus_key(documents, max_length, windows=True)
-        tokenizer = self.model.tokenizer
-        specials = tokenizer.num_special_tokens_to_add() if _is_sentence_transformer(self.model) else 2
+        tokenizer, content = self.model.tokenizer, window_content(self.model, self.window)
 
         def compute():
-            pieces = [window_texts(tokenizer, text, self.window, max_length, specials) for text in documents.values()]
+            pieces = [window_texts(tokenizer, text, content, max_length) for text in documents.values()]
             flat = [piece for windows in pieces for piece in windows]
-            # Each window fits `window` tokens with its specials; landmarks (our LMK) fit the model's limit.
-            length = self.window if _is_sentence_transformer(self.model) else position_limit(self.model) or self.window
-            vectors = _normalize(np.asarray(self._encode("encode_document", flat, length), dtype=np.float32))
+            # Each window holds `content` tokens: with its special tokens (and landmarks), `window` in all.
+            vectors = _normalize(np.asarray(self._encode("encode_document", flat, self.window), dtype=np.float32))
             bounds = np.cumsum([0] + [len(windows) for windows in pieces])
             return [vectors[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 

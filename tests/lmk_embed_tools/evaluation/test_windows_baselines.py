@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lmk_embed_tools.evaluation.cache import EmbeddingCache
-from lmk_embed_tools.evaluation.retrievers import WindowsRetriever, window_texts
+from lmk_embed_tools.evaluation.retrievers import WindowsRetriever, window_content, window_texts
 from tests import helpers
 
 
@@ -35,7 +35,8 @@ def test_windows_cover_the_budget_and_are_scored_as_the_mean_or_the_best(base):
     text = " ".join(helpers.stdlib_texts(8))
     tokens = len(base.tokenizer(text, add_special_tokens=False)["input_ids"])
     assert tokens > 1000
-    pieces = window_texts(base.tokenizer, text, 130, 1000, 2)
+    assert window_content(base, 130) == 128
+    pieces = window_texts(base.tokenizer, text, 128, 1000)
     assert len(pieces) == 8  # ceil(1000 / 128)
     assert all(len(base.tokenizer(p, add_special_tokens=False)["input_ids"]) <= 132 for p in pieces)
     assert text.startswith(pieces[0]) and pieces[1] in text
@@ -50,6 +51,18 @@ def test_windows_cover_the_budget_and_are_scored_as_the_mean_or_the_best(base):
     mean = WindowsRetriever(base, "w", mode="mean", window=130, progress=False).scores(queries, documents, 1000,
                                                                                        EmbeddingCache(None))
     np.testing.assert_allclose(mean[:, 0], query @ unit(windows.mean(0)), atol=1e-5)
+
+
+def test_our_lmk_windows_hold_their_landmarks_without_truncation(minilm_lmk_checkpoint):
+    from lmk_embed import LMKModel
+
+    model = LMKModel.from_pretrained(minilm_lmk_checkpoint).eval()
+    content = window_content(model, 512)  # g=32: [CLS] + c + ceil(c / 32) landmarks <= 512
+    assert content == 495
+    pieces = window_texts(model.tokenizer, " ".join(helpers.stdlib_texts(8)), content, 2048)
+    unbounded = model.resolve(long_input="windows").layout  # no budget: nothing cut
+    lengths = model.tokenizer.layout(pieces, unbounded).attention_mask.sum(1)
+    assert len(pieces) == 5 and lengths.max() <= 512 and lengths[0] >= 505  # full windows, none truncated
 
 
 def test_evaluate_adds_both_rows_for_every_model_and_lmk_schedules(minilm_lmk_checkpoint, minilm_path, tmp_path):
