@@ -114,7 +114,7 @@ def convert_bases(out_dir: Path, recipe: dict) -> dict[str, Path]:
     return {
         "lmk": convert_to_lmk(minilm_path(), out_dir / "minilm-lmk", pooling="lmk", splitter=recipe["splitter"],
                               granularity=recipe["granularity"], granularities=recipe["granularities"], base_model=BASE_MODEL,
-                              **extension),
+                              long_input=recipe.get("long_input"), **extension),
         "cls": convert_to_lmk(minilm_path(), out_dir / "minilm-cls", pooling="cls", base_model=BASE_MODEL, **extension),
     }
 
@@ -148,8 +148,9 @@ def finetune_side_by_side(bases: dict[str, Path], train_file: Path, out_dir: Pat
 
 def evaluate_lengths(trained: dict[str, Path], out_dir: Path, budget: dict) -> list[dict]:
     """The length table: base (at its 512 limit, and windows-mean / windows-max of 256-token windows),
-    trained LMK and CLS on the extended backbone in one pass, trained LMK in windows (single vector and
-    landmark max-sim), and BM25, on the deep-evidence splits (a method's summary as the query for its class page, the line
+    trained LMK with its own long-input schedule (windows) and in one pass, its landmarks as a
+    multi-vector index (max-sim, hybrid), trained CLS in one pass on the extended backbone, and BM25,
+    on the deep-evidence splits (a method's summary as the query for its class page, the line
     600-3800 tokens deep), at every length of the budget."""
     from sentence_transformers import SentenceTransformer
 
@@ -177,11 +178,16 @@ def evaluate_lengths(trained: dict[str, Path], out_dir: Path, budget: dict) -> l
                    for mode in ("mean", "max")]
     for name, path in trained.items():
         model = load_checkpoint(path)
-        retrievers.append(DenseRetriever(model, f"trained {name.upper()}", progress=False))
-        if model.config.pooling == "lmk":  # the windows schedule, single vector and landmark max-sim
-            retrievers += [DenseRetriever(model, f"trained {name.upper()} windows", long_input="windows", progress=False),
-                           MultiVectorRetriever(model, f"trained {name.upper()} windows landmark max-sim", mode="max",
-                                                long_input="windows", progress=False)]
+        if model.config.pooling != "lmk":
+            retrievers.append(DenseRetriever(model, f"trained {name.upper()}", progress=False))
+            continue
+        # LMK: its own long-input schedule (the recipe's: windows), one pass for comparison, and its
+        # landmarks as a multi-vector index (max-sim, and max-sim + the single vector).
+        label = f"trained {name.upper()}"
+        retrievers += [DenseRetriever(model, label, progress=False),
+                       DenseRetriever(model, f"{label} one-pass", long_input="one-pass", progress=False)]
+        retrievers += [MultiVectorRetriever(model, f"{label} landmark {mode}", mode=mode, progress=False)
+                       for mode in ("max", "hybrid")]
     retrievers.append(BM25Retriever())
     # The cache lets the base's rows past its 512 limit reuse its 512-token vectors.
     rows = evaluate_jobs(retrievers, jobs, cache_dir=out_dir / "cache", progress=False)
