@@ -82,8 +82,9 @@ BACKBONE_INTERNALS = {
     "rwkv7": ("fla", {
         "": ("embeddings", "layers", "norm"),
         "layers[0]": ("attn", "attn_norm", "ffn", "ffn_norm"),
+        # `v_lora` too, on every layer after the first (layer 0 has none): read there, not checked here.
         "layers[0].attn": ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "r_proj", "k_proj", "v_proj", "o_proj", "w_lora",
-                           "v_lora", "a_lora", "g_lora", "layer_idx", "num_heads", "head_dim", "head_v_dim", "k_k",
+                           "a_lora", "g_lora", "layer_idx", "num_heads", "head_dim", "head_v_dim", "k_k",
                            "k_a", "r_k", "g_norm", "fuse_norm"),
         "layers[0].attn.g_norm": ("num_groups", "weight", "bias", "eps"),
         "layers[0].ffn": ("key", "value", "x_k"),
