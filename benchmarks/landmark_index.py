@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from lmk_embed_tools.corpus.search import first_distinct_documents
+
 TOP_K = 10
 DIM = 384
 
@@ -33,30 +35,12 @@ def corpus(documents: int, landmarks: int, queries: int, seed: int = 0):
     return vectors, owner, query
 
 
-def top_documents(search, owner: np.ndarray, query: np.ndarray, total: int) -> list[int]:
-    """The first TOP_K distinct documents of the landmark ranking `search(query, k) -> landmark ids`."""
-    asked = 64
-    while True:
-        asked = min(asked, total)
-        found, seen = [], set()
-        for landmark in search(query, asked):
-            document = int(owner[landmark])
-            if landmark >= 0 and document not in seen:
-                seen.add(document)
-                found.append(document)
-                if len(found) == TOP_K:
-                    return found
-        if asked == total:
-            return found
-        asked *= 4
-
-
 def build_faiss_flat(vectors):
     import faiss
 
     index = faiss.IndexFlatIP(DIM)
     index.add(vectors)
-    return lambda q, k: index.search(q[None], k)[1][0]
+    return lambda q, k: tuple(row[0] for row in index.search(q[None], k))
 
 
 def build_faiss_hnsw(vectors):
@@ -66,7 +50,7 @@ def build_faiss_hnsw(vectors):
     index.hnsw.efConstruction = 80
     index.add(vectors)
     index.hnsw.efSearch = 128
-    return lambda q, k: index.search(q[None], k)[1][0]
+    return lambda q, k: tuple(row[0] for row in index.search(q[None], k))
 
 
 def build_usearch(vectors):
@@ -74,7 +58,11 @@ def build_usearch(vectors):
 
     index = Index(ndim=DIM, metric="ip", dtype="f32", connectivity=32, expansion_add=80, expansion_search=128)
     index.add(np.arange(len(vectors)), vectors)
-    return lambda q, k: index.search(q, k).keys
+    def search(q, k):
+        found = index.search(q, k)
+        return -found.distances, found.keys.astype(np.int64)  # ip distance: 1 - inner product
+
+    return search
 
 
 def main() -> None:
@@ -96,7 +84,8 @@ def main() -> None:
             search = build(vectors)
             built = time.perf_counter() - started
             started = time.perf_counter()
-            answers = [top_documents(search, owner, query, len(vectors)) for query in queries]
+            answers = [list(first_distinct_documents(lambda k, q=query: search(q, k), owner, TOP_K, len(vectors)))
+                       for query in queries]
             per_query = (time.perf_counter() - started) / len(queries)
             recall = float(np.mean([len(truth[i] & set(a)) / TOP_K for i, a in enumerate(answers)]))
             rows[name] = (built, per_query, recall)

@@ -296,6 +296,10 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         """config.max_length, else the smaller of the tokenizer's limit and `max_positions()`."""
         if self.config.max_length is not None:
             return int(self.config.max_length)
+        return self._readable_length()
+
+    def _readable_length(self) -> int | None:
+        """The smaller of the tokenizer's limit and `max_positions()` (None: neither has one)."""
         limits = [limit for limit in (self.tokenizer.default_max_length(), self.max_positions()) if limit is not None]
         return min(limits) if limits else None
 
@@ -304,8 +308,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         `max_positions()`, else the tokenizer's limit (None: no limit known). The default window length."""
         if self.config.position_extension is not None:
             return int(self.config.position_extension["original_positions"])
-        limits = [limit for limit in (self.max_positions(), self.tokenizer.default_max_length()) if limit is not None]
-        return min(limits) if limits else None
+        return self._readable_length()
 
     def resolve(self, *, max_length: int | None = None, granularity: int | None = None, splitter: str | None = None,
                 long_input: str | None = None, window_length: int | None = None, prompt: str | None = None,

@@ -50,6 +50,30 @@ class Hit:
     text: str | None = None
 
 
+def first_distinct_documents(search, owner: np.ndarray, wanted: int, total: int) -> dict[int, tuple[float, int]]:
+    """{document: (score, landmark)} of the first `wanted` distinct documents in a landmark ranking.
+
+    `search(k) -> (scores [k], landmark ids [k])` ranks the best k landmarks (any index: FAISS, usearch);
+    `owner` [L] maps a landmark to its document. A document's first landmark is its best, so with an
+    exact index these are the top documents by max-sim. The search asks for 4x more landmarks until
+    `wanted` documents come back or all `total` landmarks were seen."""
+    asked = max(4 * wanted, 64)
+    while True:
+        asked = min(asked, total)
+        best: dict[int, tuple[float, int]] = {}
+        for score, landmark in zip(*search(asked)):
+            if landmark < 0:  # an approximate index may return fewer than asked
+                continue
+            document = int(owner[landmark])
+            if document not in best:
+                best[document] = (float(score), int(landmark))
+                if len(best) == wanted:
+                    return best
+        if asked == total:
+            return best
+        asked *= 4
+
+
 class LandmarkIndex:
     """The landmarks of a corpus in a FAISS index.
 
@@ -123,20 +147,11 @@ class LandmarkIndex:
 
     def _best_landmarks(self, query: np.ndarray, wanted: int) -> dict[int, tuple[float, int]]:
         """{document: (max-sim, its best landmark)} of the first `wanted` distinct documents."""
-        asked = max(4 * wanted, 64)
-        while True:
-            asked = min(asked, self.landmarks.ntotal)
+        def search(asked: int):
             scores, found = self.landmarks.search(query[None], asked)
-            best: dict[int, tuple[float, int]] = {}
-            for score, landmark in zip(scores[0], found[0]):
-                document = int(self.owner[landmark])
-                if document not in best:
-                    best[document] = (float(score), int(landmark))
-                    if len(best) == wanted:
-                        return best
-            if asked == self.landmarks.ntotal:
-                return best
-            asked *= 4
+            return scores[0], found[0]
+
+        return first_distinct_documents(search, self.owner, wanted, self.landmarks.ntotal)
 
     def _search_one(self, query: np.ndarray, top_k: int, fuse: float) -> list[Hit]:
         best = self._best_landmarks(query, top_k)
@@ -198,4 +213,4 @@ def format_hits(query: str, hits: list[Hit]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Hit", "SearchError", "LandmarkIndex", "format_hits", "search_corpus"]
+__all__ = ["Hit", "SearchError", "LandmarkIndex", "first_distinct_documents", "format_hits", "search_corpus"]

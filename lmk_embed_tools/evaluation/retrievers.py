@@ -28,17 +28,19 @@ def _is_sentence_transformer(model) -> bool:
     return hasattr(model, "max_seq_length")
 
 
-def position_limit(model) -> int | None:
-    """The longest input `model` can read: its own default for our models; for a SentenceTransformer,
-    its backbone's position table (`position_table_limit`, the function our models use). Not the
-    tokenizer's `model_max_length`: sentence-transformers sets it to `max_seq_length` (256 for
-    all-MiniLM-L6-v2), which is a default, not a limit."""
+def position_limit(model, **encode_kwargs) -> int | None:
+    """The longest input `model` can read with `encode_kwargs`: for our models, what their own `resolve`
+    makes of them (the default budget, or None for LMK windows, which read any length); for a
+    SentenceTransformer, its backbone's position table (`position_table_limit`, the function our
+    models use). Not the tokenizer's `model_max_length`: sentence-transformers sets it to
+    `max_seq_length` (256 for all-MiniLM-L6-v2), which is a default, not a limit."""
     if _is_sentence_transformer(model):
         inner = getattr(model[0], "auto_model", None) or getattr(model[0], "model", None)
         if hasattr(inner, "max_positions"):  # one of ours, loaded through SentenceTransformer
             return inner.max_positions()
         return position_table_limit(inner) if inner is not None else None
-    return model.default_max_length()
+    request = model.resolve(**encode_kwargs)
+    return None if getattr(request, "long_input", None) == "windows" else request.max_length
 
 
 @contextmanager
@@ -55,8 +57,7 @@ class DenseRetriever:
     def __init__(self, model, name: str, batch_size: int = 8, progress: bool = True, **encode_kwargs):
         self.model, self.name, self.batch_size, self.progress = model, name, batch_size, progress
         self.encode_kwargs = encode_kwargs
-        # LMK windows read any length at the original positions: no position limit caps the budget.
-        self.limit = None if encode_kwargs.get("long_input") == "windows" else position_limit(model)
+        self.limit = position_limit(model, **encode_kwargs)
         self._digest = None
 
     def effective_length(self, max_length: int) -> int:
@@ -181,8 +182,8 @@ def window_texts(tokenizer, text: str, content: int, max_length: int | None) -> 
     characters its tokens cover (a window starts and ends on a token)."""
     encoding = encode_content(tokenizer, [text])[0]
     offsets = encoding.offsets[:max_length] if max_length is not None else encoding.offsets
-    step = content
-    pieces = [text[offsets[i][0]:offsets[min(i + step, len(offsets)) - 1][1]] for i in range(0, len(offsets), step)]
+    pieces = [text[offsets[i][0]:offsets[min(i + content, len(offsets)) - 1][1]]
+              for i in range(0, len(offsets), content)]
     return pieces or [text]
 
 

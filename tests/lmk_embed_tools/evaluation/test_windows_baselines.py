@@ -83,3 +83,14 @@ def test_evaluate_adds_both_rows_for_every_model_and_lmk_schedules(minilm_lmk_ch
                          "base windows-max"}
     assert rows["lmk windows"]["effective_max_length"] == 1024 and rows["lmk one-pass"]["effective_max_length"] == 512
     assert rows["base windows-max"]["vectors_per_document"] > 1
+
+
+def test_a_checkpoint_that_reads_in_windows_is_not_capped(minilm_lmk_checkpoint):
+    from lmk_embed import LMKModel
+    from lmk_embed_tools.evaluation.retrievers import DenseRetriever
+
+    model = LMKModel.from_pretrained(minilm_lmk_checkpoint).eval()
+    assert DenseRetriever(model, "one pass", progress=False).effective_length(4096) == 512
+    assert DenseRetriever(model, "windows", progress=False, long_input="windows").effective_length(4096) == 4096
+    model.config.long_input = "windows"  # the recipe's checkpoints: windows by default
+    assert DenseRetriever(model, "default", progress=False).effective_length(4096) == 4096
