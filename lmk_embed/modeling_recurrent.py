@@ -9,7 +9,8 @@ Inference schedules:
     vertical    blocks of V tokens pass through all layers before the next block starts; every
                 layer carries its recurrent state (Mamba2: conv + SSM state) between blocks, so
                 memory is O(layers + V), constant in the sequence length T.
-    auto        horizontal when the longest input fits in one block, vertical otherwise.
+    auto        Mamba2 off CUDA: vertical (our scan is the fast path, one block when the input
+                fits). Otherwise horizontal when the longest input fits in one block, vertical beyond.
 
 For Mamba2 the vertical schedule runs a lean chunked SSD scan (`ssd_chunked`) written for
 inference in plain torch; `ssd_reference` beside it is the per-token recurrence it must equal.
@@ -156,7 +157,7 @@ def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
     log_decay = dt * A.float()  # [b, t, h]
     q = chunk_size
     cumulative = _chunk_cumsum(log_decay, q)  # [b, c, q, h]
-    while float((cumulative[:, :, 0] - cumulative[:, :, -1]).max()) > 2 * SSD_MAX_EXPONENT:
+    while float((cumulative[:, :, 0] - cumulative[:, :, -1]).max().detach()) > 2 * SSD_MAX_EXPONENT:
         if q < 64:  # below 32 the loop over chunks costs more than the log-space form saves
             return _ssd_chunked_log_space(x, dt, A, B, C, D, chunk_size, initial_state)
         q //= 2
@@ -437,11 +438,16 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     def resolve_schedule(self, schedule: str | None, block_size: int | str | None, longest: int,
                          batch_size: int = 1) -> tuple[str, int]:
-        """Check the schedule / V and turn `auto` into horizontal (T <= V) or vertical, and V into an int."""
+        """Check the schedule / V and turn `auto` into horizontal or vertical (see the module docstring),
+        and V into an int."""
         schedule = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
         block_size = self.resolve_block_size(block_size, batch_size)
         if schedule == "auto":
-            schedule = "horizontal" if longest <= block_size or self.state_carrier is None else "vertical"
+            # Off CUDA our Mamba2 scan is the fast path even for one block: 1.4x transformers' torch
+            # forward, in training too (docs/recurrent-student.md). On CUDA the backbone's fused kernels are.
+            own_scan = self.state_carrier == "mamba2" and self.device.type != "cuda"
+            fits = longest <= block_size and not own_scan
+            schedule = "horizontal" if fits or self.state_carrier is None else "vertical"
         if schedule == "vertical" and self.state_carrier is None:
             raise ValueError(
                 f"schedule='vertical' needs a backbone that carries recurrent state between blocks "

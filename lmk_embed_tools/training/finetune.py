@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import torch
 from sentence_transformers.base.sampler import DefaultBatchSampler
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 from torch import nn
+from transformers import TrainerCallback
 
 from lmk_embed import lora_target_modules
 from lmk_embed.encoding import check_positive_int
@@ -53,6 +55,7 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
     position_skipping: bool = False
     position_skipping_share: float = 1.0
     drawn: list = field(default_factory=list)
+    tokens: int = 0  # real (unpadded) tokens collated so far, for `ThroughputCallback`
 
     def column_tasks(self, columns) -> dict[str, str]:
         """The role of each column: the first text column holds queries, the others passages
@@ -83,6 +86,7 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
         batch = super().__call__(features)
         for key in [k for k in batch if k.endswith("_task")]:  # column roles, not model inputs
             del batch[key]
+        self.tokens += sum(int(v.sum()) for k, v in batch.items() if k.endswith("attention_mask"))
         if self.position_skipping:  # passages only: queries stay short at inference, on the original rows
             extension = extension_of(self.embedder)
             for name, task in self.router_mapping.items():
@@ -90,6 +94,30 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
                     batch[f"{name}_position_ids"] = skipped_positions(batch[f"{name}_attention_mask"], extension,
                                                                          share=self.position_skipping_share)
         return batch
+
+
+class ThroughputCallback(TrainerCallback):
+    """At every log: real tokens per second since the last log (the collator counts them) and the
+    estimated time left, printed, and kept in `history` [(step, tokens/s, seconds left)]."""
+
+    def __init__(self, collator: EmbeddingDataCollator):
+        self.collator, self.history = collator, []
+        self.last = None  # (time, tokens, step) at the previous log
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.last is None:  # from the first step: loading and setup are not throughput
+            self.last = (time.perf_counter(), self.collator.tokens, state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.last is None or state.global_step == self.last[2]:
+            return
+        now, tokens = time.perf_counter(), self.collator.tokens
+        seconds, steps = now - self.last[0], state.global_step - self.last[2]
+        rate, left = (tokens - self.last[1]) / seconds, (state.max_steps - state.global_step) * seconds / steps
+        self.history.append((state.global_step, rate, left))
+        self.last = (now, tokens, state.global_step)
+        if state.is_world_process_zero:
+            print(f"step {state.global_step}/{state.max_steps}: {rate:,.0f} tokens/s, about {left / 60:.1f} min left", flush=True)
 
 
 class LengthGroupedBatchSampler(DefaultBatchSampler):
@@ -467,6 +495,7 @@ def train(config: TrainConfig) -> dict:
     trainer = single_writer_trainer(SentenceTransformerTrainer)(
         model=st, args=args, train_dataset=dataset, loss=loss,
         evaluator=evaluator if eval_during_training else None, data_collator=collator,
+        callbacks=[throughput := ThroughputCallback(collator)],
     )
     resume = config.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
@@ -486,6 +515,7 @@ def train(config: TrainConfig) -> dict:
         "granularities_drawn": collator.drawn,
         "load_report": report,
         "global_step": trainer.state.global_step,
+        "throughput": throughput.history,
     }
 
 

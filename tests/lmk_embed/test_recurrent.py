@@ -150,14 +150,23 @@ def test_finished_sequences_leave_the_batch(model, monkeypatch):
 
 
 def test_auto_schedule(model, monkeypatch):
+    """Mamba2 on CPU: `auto` always runs our scan (one block when T <= V), in training too; the
+    backbone's own torch forward, the slow path, never runs."""
     calls = []
     step = model.block_step
     monkeypatch.setattr(model, "block_step", lambda ids, state: calls.append(1) or step(ids, state))
+    monkeypatch.setattr(model.backbone, "forward", lambda *a, **k: pytest.fail("the backbone's own forward ran"))
     with torch.no_grad():
         model(torch.randint(1, 600, (1, V)))
-        assert not calls  # T <= V: horizontal
+        assert len(calls) == 1  # T <= V: one block
         model(torch.randint(1, 600, (1, V + 1)))
-        assert len(calls) == 2  # vertical
+        assert len(calls) == 3  # two blocks
+    model.train()
+    try:
+        model(torch.randint(1, 600, (2, 8))).embeddings.sum().backward()
+    finally:
+        model.eval().zero_grad(set_to_none=True)
+    assert len(calls) == 4
 
 
 def test_final_states_match_transformers_cache(model):
@@ -461,3 +470,4 @@ def test_rwkv_vertical_matches_horizontal():
         vertical = model(ids, mask, schedule="vertical").embeddings
         expected = last_states_row_by_row(model.backbone, ids, lengths)
     assert (vertical - expected).abs().max() <= 1e-4
+
