@@ -11,27 +11,15 @@ from pathlib import Path
 
 from .configuration_lmk import LMKConfig
 from .configuration_recurrent import RecurrentEmbedConfig
+# What a checkpoint of each family carries (auto_map, .py files): defined in the shipped encoding.py,
+# whose save_pretrained writes it; tests/test_layout.py checks that each set holds every file its files import.
+from .encoding import AUTO_MAPS, FAMILY_FILES, SHARED_FILES
 from .modeling_lmk import LMKModel
 from .modeling_recurrent import RecurrentEmbedModel
 from .tokenization_lmk import LMKTokenizer
 from .tokenization_recurrent import RecurrentEmbedTokenizer
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-
-# config.json / tokenizer_config.json `auto_map` of each family (`model_type`).
-AUTO_MAPS = {
-    "lmk_embedder": {
-        "AutoConfig": "configuration_lmk.LMKConfig",
-        "AutoModel": "modeling_lmk.LMKModel",
-        "AutoTokenizer": [None, "tokenization_lmk.LMKTokenizer"],
-    },
-    "recurrent_embedder": {
-        "AutoConfig": "configuration_recurrent.RecurrentEmbedConfig",
-        "AutoModel": "modeling_recurrent.RecurrentEmbedModel",
-        "AutoTokenizer": [None, "tokenization_recurrent.RecurrentEmbedTokenizer"],
-    },
-}
-
 
 # peft's LoRA targets per backbone `model_type`: every linear layer by default; only in_proj for
 # Mamba2 (peft refuses its out_proj).
@@ -42,20 +30,6 @@ DEFAULT_LORA_TARGET_MODULES = "all-linear"
 def lora_target_modules(backbone_type: str):
     """The `target_modules` to give `peft.LoraConfig` for a backbone of this `model_type`."""
     return LORA_TARGET_MODULES.get(backbone_type, DEFAULT_LORA_TARGET_MODULES)
-
-
-# The .py files a checkpoint of each family ships: its own (the `AUTO_MAPS` modules and what they
-# import), then the shared ones: the encode engine, the sentence-transformers module (modules.json
-# names it) and the one door into other libraries' internals. tests/test_layout.py checks that each
-# set holds every file its files import.
-SHARED_FILES = ("compat.py", "encoding.py", "st_module.py")
-FAMILY_FILES = {
-    "lmk_embedder": ("configuration_lmk.py", "modeling_lmk.py", "onnx_backend.py", "tokenization_lmk.py", *SHARED_FILES),
-    "recurrent_embedder": (
-        "configuration_recurrent.py", "modeling_recurrent.py", "modeling_rwkv7.py", "tokenization_recurrent.py",
-        *SHARED_FILES,
-    ),
-}
 
 
 def shipped_files(family: str | None = None) -> list[Path]:

@@ -16,6 +16,10 @@ the same. Its outputs:
     pooled             [B, D] float32: the same before normalisation (`LMKOutput.embeddings`)
     last_hidden_state  [B, T, D] float32: the final states (landmark vectors, token embeddings)
 
+The graph carries the fingerprint of the torch weights it was exported from (`weights_fingerprint`);
+loading a graph from a folder whose weights have changed since is refused (`stale_graph="warn"`
+only warns), as `lmk-embed push` refuses to publish one.
+
 Loading: `AutoModel.from_pretrained(x, trust_remote_code=True, backend="onnx")` (`file_name=`
 picks the int8 graph) returns an `LMKOnnxModel`: the checkpoint's config and tokenizer, LMKModel's
 `encode()` / `encode_query()` / `prepare_features()`, and an `onnxruntime.InferenceSession` in place
@@ -25,7 +29,9 @@ asked for.
 
 from __future__ import annotations
 
+import hashlib
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +52,7 @@ INPUT_NAMES = ("input_ids", "attention_mask", "landmark_mask")
 OUTPUT_NAMES = ("embedding", "pooled", "last_hidden_state")
 GRAPH_FORMAT = "lmk-embed-onnx/1"
 INSTALL_HINT = "pip install 'lmk-embed[onnx]' (or pip install onnxruntime onnx)"
+STALE_GRAPH_CHOICES = ("error", "warn")
 # The keyword arguments transformers' AutoModel adds on its way to `from_pretrained`; the ONNX model has no use for them.
 _AUTO_KWARGS = ("trust_remote_code", "_from_auto", "adapter_kwargs", "code_revision")
 
@@ -59,6 +66,39 @@ def require_onnxruntime():
     except ImportError as error:
         raise ImportError(f"backend='onnx' needs onnxruntime, which is not installed: {INSTALL_HINT}.") from error
     return onnxruntime
+
+
+def weights_fingerprint(folder) -> str:
+    """sha256 over a checkpoint folder's safetensors weights (every shard, in name order): recorded in
+    the graphs at export, so a graph exported from other weights is recognised at load and at push."""
+    digest = hashlib.sha256()
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no .safetensors weights.")
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def check_graph_weights(folder, graph_metadata: dict, file_name: str, stale_graph: str = "error") -> None:
+    """Refuse (or, `stale_graph="warn"`, warn about) a graph in a local checkpoint `folder` that was
+    exported from other torch weights than the folder's: its vectors are the old weights'. A folder
+    without safetensors weights (a graph-only copy) has nothing to compare with."""
+    check_choice("stale_graph", stale_graph, STALE_GRAPH_CHOICES)
+    folder = Path(folder)
+    if not any(folder.glob("*.safetensors")):
+        return
+    weights, exported = weights_fingerprint(folder), graph_metadata.get("lmk_weights_sha256")
+    if exported == weights:
+        return
+    message = (f"{folder / file_name} was exported from other weights ({exported}) than the checkpoint's safetensors "
+               f"({weights}): its vectors are the old weights'. Export it again: lmk-embed export-onnx {folder}")
+    if stale_graph == "error":
+        raise ValueError(message + " (or load with stale_graph='warn').")
+    warnings.warn(message, stacklevel=3)
 
 
 # ---- the model on ONNX Runtime ----------------------------------------------------------------------
@@ -203,13 +243,15 @@ def make_session_options(ort, num_threads: int | None = None):
 
 def load_onnx_model(pretrained_model_name_or_path, *model_args, backend: str = "onnx", file_name: str = FP32_FILE,
                     provider: str = "CPUExecutionProvider", num_threads: int | None = None, session_options=None,
-                    config: LMKConfig | None = None, **kwargs) -> LMKOnnxModel:
+                    config: LMKConfig | None = None, stale_graph: str = "error", **kwargs) -> LMKOnnxModel:
     """An LMK checkpoint (folder or Hub id) on ONNX Runtime: `file_name` is the graph in the checkpoint
     (`onnx/model.onnx`, or `onnx/model_qint8.onnx`), `provider` the execution provider, `num_threads`
     the intra-op threads (or `session_options`, an `onnxruntime.SessionOptions`). The Hub arguments
     (revision, cache_dir, token, local_files_only, subfolder, ...) locate the graph, the config and the
-    tokenizer alike."""
+    tokenizer alike. A local folder's graph must come from the folder's weights (`check_graph_weights`;
+    `stale_graph="warn"` only warns); a Hub checkpoint's was checked when it was pushed."""
     check_choice("backend", backend, BACKENDS)
+    check_choice("stale_graph", stale_graph, STALE_GRAPH_CHOICES)
     if model_args:
         raise TypeError(f"backend='onnx' takes no positional model arguments, got {len(model_args)}.")
     hub = {name: kwargs.pop(name) for name in TOKENIZER_LOADING_KWARGS if name in kwargs}
@@ -235,9 +277,12 @@ def load_onnx_model(pretrained_model_name_or_path, *model_args, backend: str = "
     options = session_options if session_options is not None else make_session_options(ort, num_threads)
     session = ort.InferenceSession(str(path), options, providers=[provider])
     model = LMKOnnxModel(config, session, file_name=file_name)
+    local = Path(pretrained_model_name_or_path) / hub.get("subfolder", "")
+    if local.is_dir():
+        check_graph_weights(local, model.graph_metadata, file_name, stale_graph)
     model._tokenizer_loading_kwargs = hub
     return model
 
 
-__all__ = ["BACKENDS", "FP32_FILE", "GRAPH_FORMAT", "INPUT_NAMES", "INSTALL_HINT", "LMKOnnxModel", "ONNX_FILES",
+__all__ = ["BACKENDS", "FP32_FILE", "GRAPH_FORMAT", "STALE_GRAPH_CHOICES", "check_graph_weights", "weights_fingerprint", "INPUT_NAMES", "INSTALL_HINT", "LMKOnnxModel", "ONNX_FILES",
            "OUTPUT_NAMES", "QUANTIZED_FILES", "load_onnx_model", "require_onnxruntime"]

@@ -12,7 +12,7 @@ import torch
 from sentence_transformers.base.modules import InputModule
 from transformers import AutoModel, AutoTokenizer
 
-from .encoding import warn_truncated
+from .encoding import ST_MODULE_CONFIG_FILE, warn_truncated
 
 
 def in_sentence_transformers_terms(error: Exception) -> Exception:
@@ -29,7 +29,7 @@ class EmbedderModule(InputModule):
     that the checkpoint's model is of that family.
     """
 
-    config_file_name = "embedder_module_config.json"
+    config_file_name = ST_MODULE_CONFIG_FILE
     config_keys: list[str] = ["family"]
     save_in_root = True
 
@@ -116,7 +116,7 @@ class EmbedderModule(InputModule):
     def save(self, output_path: str, *args, **kwargs) -> None:
         """Write the model (safetensors, always), its tokenizer and this module's config. The model's
         save_pretrained saves the tokenizer too, with its options mirrored from the config."""
-        self.model.save_pretrained(output_path, safe_serialization=True)
+        self.model.save_pretrained(output_path, safe_serialization=True, sentence_transformers_files=False)
         self.save_config(output_path)
 
     @classmethod

@@ -6,7 +6,6 @@ this module writes to).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import warnings
@@ -21,7 +20,7 @@ from lmk_embed.configuration_lmk import LMKConfig
 from lmk_embed.encoding import check_choice
 from lmk_embed.modeling_lmk import LMKModel
 from lmk_embed.onnx_backend import (FP32_FILE, GRAPH_FORMAT, INPUT_NAMES, INSTALL_HINT, OUTPUT_NAMES, QUANTIZED_FILES,
-                                    require_onnxruntime)
+                                    require_onnxruntime, weights_fingerprint)
 
 OPSET = 17
 # Backbones whose exported graph ONNX Runtime's transformer optimizer fuses (its `model_type="bert"` patterns).
@@ -43,21 +42,6 @@ def require_onnx():
     except ImportError as error:
         raise ImportError(f"Exporting to ONNX needs the onnx package, which is not installed: {INSTALL_HINT}.") from error
     return onnx
-
-
-def weights_fingerprint(folder) -> str:
-    """sha256 over a checkpoint folder's safetensors weights (every shard, in name order): recorded in
-    the graphs at export, so a graph exported from other weights is recognised (`lmk-embed push` refuses it)."""
-    digest = hashlib.sha256()
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder} holds no .safetensors weights.")
-    for path in files:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return "sha256:" + digest.hexdigest()
 
 
 # ---- the graph ----------------------------------------------------------------------------------

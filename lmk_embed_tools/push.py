@@ -58,7 +58,7 @@ from safetensors import SafetensorError, safe_open
 
 from lmk_embed import AUTO_MAPS, shipped_files
 from lmk_embed.onnx_backend import GRAPH_FORMAT, ONNX_FILES, QUANTIZED_FILES
-from lmk_embed_tools.onnx_export import weights_fingerprint
+from lmk_embed.onnx_backend import weights_fingerprint
 
 WEIGHT_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")

@@ -82,7 +82,8 @@ def _prompt(folder: Path, prompt_name: str) -> str:
 
 
 def _onnx_setting(folder: Path, onnx_file: str, gpus_per_worker: float) -> dict:
-    """The `backend` setting of an ONNX run: the graph's name and the sha256 of its bytes."""
+    """The `backend` setting of an ONNX run: the graph's name and the sha256 of its bytes; a graph
+    exported from other weights than the folder's is refused."""
     from .shards import file_sha256
 
     config = folder / "config.json"
@@ -95,6 +96,13 @@ def _onnx_setting(folder: Path, onnx_file: str, gpus_per_worker: float) -> dict:
                                   "`lmk-embed export-onnx CHECKPOINT` (--quantize int8 for onnx/model_qint8.onnx)")
     if gpus_per_worker:
         raise CorpusArgumentError("`backend` 'onnx' runs on CPU; give `gpus_per_worker` 0")
+    from lmk_embed.onnx_backend import check_graph_weights, require_onnxruntime
+
+    session = require_onnxruntime().InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    try:  # before any shard: a graph exported from the old weights gives the old weights' vectors
+        check_graph_weights(folder, dict(session.get_modelmeta().custom_metadata_map), onnx_file)
+    except ValueError as error:
+        raise CorpusArgumentError(str(error)) from None
     return {"name": "onnx", "file": onnx_file, "sha256": file_sha256(graph)}
 
 

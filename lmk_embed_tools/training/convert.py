@@ -3,83 +3,26 @@
 A checkpoint folder holds config.json (with `auto_map`), model.safetensors, the tokenizer files,
 its family's shipped .py files (`lmk_embed.shipped_files(family)`, copied from `lmk_embed/`, so
 they are never stale), and the sentence-transformers files: modules.json,
-config_sentence_transformers.json and the `st_module.EmbedderModule` config.
+config_sentence_transformers.json and the `st_module.EmbedderModule` config. The model's own
+`save_pretrained` (`lmk_embed.encoding.write_checkpoint_files`) writes all of it.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 
-from lmk_embed import AUTO_MAPS, shipped_files
 from lmk_embed.encoding import check_position_limit
-from lmk_embed.st_module import EmbedderModule
-
-# The tokenizer class each family's tokenizer_config.json names.
-TOKENIZER_CLASSES = {"lmk_embedder": "LMKTokenizer", "recurrent_embedder": "RecurrentEmbedTokenizer"}
-ST_MODULE_TYPE = "st_module.EmbedderModule"
-ST_NORMALIZE_TYPE = "sentence_transformers.base.modules.normalize.Normalize"
-
-
-def write_shipped_code(folder: str | Path, family: str) -> list[str]:
-    """Copy `family`'s shipped .py files (`lmk_embed.shipped_files(family)`) into `folder`; returns
-    their names. Another family's shipped files left in `folder` (a folder converted before) go, so
-    the folder's code is exactly the family's; other .py files are not touched."""
-    folder = Path(folder)
-    names = []
-    for path in shipped_files(family):
-        shutil.copyfile(path, folder / path.name)
-        names.append(path.name)
-    for path in shipped_files():
-        if path.name not in names:
-            (folder / path.name).unlink(missing_ok=True)
-    return names
-
-
-def _update_json(path: Path, **updates) -> None:
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(updates)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def write_sentence_transformers_files(folder: str | Path, model) -> None:
-    """modules.json (our module, then Normalize when the model normalises) and their configs."""
-    folder = Path(folder)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_MODULE_TYPE}]
-    if model.config.normalize:
-        modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": ST_NORMALIZE_TYPE})
-        (folder / "1_Normalize").mkdir(exist_ok=True)
-        (folder / "1_Normalize" / "config.json").write_text("{}\n")
-    (folder / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    st_config = {
-        "model_type": "SentenceTransformer",
-        "prompts": model.sentence_transformers_prompts(),
-        "default_prompt_name": None,
-        "similarity_fn_name": "cosine",
-    }
-    (folder / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2) + "\n")
-    EmbedderModule(model).save_config(str(folder))  # the module writes (and later reads) its own config
-
 
 def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
-    """Write `model` + `tokenizer` as a complete checkpoint folder (see the module docstring)."""
+    """Write `model` + `tokenizer` as a complete checkpoint folder (see the module docstring): the
+    model's own `save_pretrained` writes all of it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    family = model.config.model_type
-    auto_map = AUTO_MAPS[family]
     model.tokenizer = tokenizer
-    model.save_pretrained(folder, safe_serialization=True)  # the tokenizer too, its options mirroring the config
-    write_shipped_code(folder, family)
-    _update_json(folder / "config.json", auto_map=auto_map)
-    _update_json(
-        folder / "tokenizer_config.json",
-        auto_map={"AutoTokenizer": auto_map["AutoTokenizer"]},
-        tokenizer_class=TOKENIZER_CLASSES[family],
-    )
-    write_sentence_transformers_files(folder, model)
+    model.save_pretrained(folder, safe_serialization=True)
     return folder
 
 

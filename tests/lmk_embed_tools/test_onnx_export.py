@@ -144,7 +144,7 @@ def test_sentence_transformers_backend_onnx(exported):
 def test_a_checkpoint_ships_the_runtime_and_no_export_code(exported):
     shipped = (exported / "onnx_backend.py").read_text()
     assert "class LMKOnnxModel" in shipped
-    assert not any(word in shipped for word in ("def export_onnx", "def quantize_graph", "def weights_fingerprint", "import hashlib"))
+    assert not any(word in shipped for word in ("def export_onnx", "def quantize_graph", "import onnx\n", "torch.onnx.export("))
 
 
 def test_missing_onnxruntime_names_the_extra(exported, monkeypatch):
@@ -227,3 +227,31 @@ def test_push_stages_scans_and_validates_the_graphs(exported, tmp_path):
     save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(push.PushError, match="exported from other weights"):
         push.stage(folder, tmp_path / "staged-5")
+
+
+def test_a_stale_graph_is_refused_at_load_and_by_encode_corpus(exported, tmp_path):
+    """After the torch weights change, the graph exported from the old ones gives the old vectors:
+    loading it fails naming both fingerprints and the command that re-exports (or, asked, warns), and
+    encode-corpus refuses it before any shard (its manifest would name the new weights)."""
+    from safetensors.torch import load_file, save_file
+
+    from lmk_embed_tools.corpus import CorpusArgumentError, encode_corpus
+
+    folder = shutil.copytree(exported, tmp_path / "lmk")
+    tensors = load_file(folder / "model.safetensors")
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first] + 1  # trained on
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"exported from other weights \(sha256:.*\) than .* \(sha256:.*lmk-embed export-onnx"):
+        load_onnx(folder)
+    with pytest.warns(UserWarning, match="exported from other weights"):
+        assert load_onnx(folder, stale_graph="warn").encode("hello").shape
+    with pytest.raises(ValueError, match="stale_graph"):
+        load_onnx(folder, stale_graph="ignore")
+    source = tmp_path / "corpus.jsonl"
+    source.write_text(json.dumps({"id": 0, "text": "hello"}) + "\n")
+    with pytest.raises(CorpusArgumentError, match="exported from other weights"):
+        encode_corpus(str(folder), str(source), tmp_path / "out", backend="onnx", show_progress_bar=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert cli.main(["export-onnx", str(folder)]) == 0
+    assert load_onnx(folder).encode("hello").shape  # re-exported: loads again
