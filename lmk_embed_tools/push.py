@@ -445,15 +445,40 @@ def _environment(hidden: Path, **values) -> dict:
     return env
 
 
+def check_card_matches(staged: Path, repo_id: str | None) -> None:
+    """The card describes what is staged: the weights it was written for (its `weights_sha256`),
+    results that the staged eval_results.json still holds, and, given `repo_id`, that repository
+    (its snippets load `repo_id`, not another id or the placeholder)."""
+    from huggingface_hub import ModelCard
+
+    from lmk_embed_tools.model_cards.generator import MODEL_ID_PLACEHOLDER, RESULTS_FILE, WEIGHTS_KEY
+
+    rewrite = "rewrite it with `lmk-embed card CHECKPOINT --model-id ORG/NAME`"
+    card = ModelCard.load(staged / "README.md")
+    recorded = card.data.to_dict().get(WEIGHTS_KEY)
+    if recorded != weights_fingerprint(staged):
+        raise PushError(f"validation failed: the card was written for other weights ({recorded or 'none recorded'}) "
+                        f"than the staged model.safetensors: {rewrite}.")
+    if card.data.eval_results and not (staged / RESULTS_FILE).is_file():
+        raise PushError(f"validation failed: the card reports results but the checkpoint has no {RESULTS_FILE} "
+                        f"to back them: {rewrite} (or record the results again with `lmk-embed evaluate --record`).")
+    if repo_id is not None:
+        named = sorted(set(re.findall(r'model_id = "([^"]*)"', card.text)))
+        if named != [repo_id]:
+            hint = " (the placeholder: the card was written without --model-id)" if MODEL_ID_PLACEHOLDER in named else ""
+            raise PushError(f"validation failed: the card's snippets load {named}{hint}, not {repo_id!r}: {rewrite}.")
+
+
 def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5,
-             repo_id: str = "validation/staged-checkpoint") -> dict[str, float]:
+             repo_id: str | None = None) -> dict[str, float]:
     """Load the staged folder as a user would and compare its vectors with the source checkpoint's.
 
     The user's side runs in a clean process (see `CLEAN_LOAD_SCRIPT`): AutoModel and
     SentenceTransformer, by path and by `repo_id` from a Hub-cache layout of the staged folder.
     The source's vectors are computed in this process (another one than the user's), with the
-    current classes on the source's files. Returns the max abs difference of each load; any
-    failure raises PushError, its first line naming what failed."""
+    current classes on the source's files. The card must match what is staged
+    (`check_card_matches`; its snippets must name `repo_id` when given). Returns the max abs
+    difference of each load; any failure raises PushError, its first line naming what failed."""
     from lmk_embed_tools.model_cards import check_card
 
     staged, checkpoint = Path(staged).resolve(), Path(checkpoint).resolve()
@@ -464,12 +489,14 @@ def validate(staged: str | Path, checkpoint: str | Path, tolerance: float = 1e-5
     except ValueError as error:
         raise PushError(f"validation failed: the card is invalid: {' '.join(str(error).split())}") from None
     check_staged_code(staged)
+    check_card_matches(staged, repo_id)
     card = (staged / "README.md").read_text(encoding="utf-8")
     unnamed = [name for name in ONNX_FILES if (staged / name).is_file() and name not in card]
     if unnamed:
         raise PushError(f"validation failed: the card does not name the staged ONNX graphs {unnamed}: rewrite it with "
                         "`lmk-embed card CHECKPOINT` (it lists the graphs and how to load them).")
     family = family_of(staged)
+    repo_id = repo_id or "validation/staged-checkpoint"  # the id the clean process loads the Hub-cache copy by
     repo_root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="lmk-embed-validate-") as scratch:
         scratch = Path(scratch)
@@ -633,14 +660,11 @@ def main(argv: list[str] | None = None, api=None) -> int:
 def run(args: argparse.Namespace, api=None) -> int:
     """Stage, validate, then upload (or stop, with --dry-run). Exit status: 2 for a bad argument,
     1 when the push is refused or fails validation, 0 otherwise."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    from lmk_embed_tools.model_cards.generator import check_model_id
 
     try:
-        validate_repo_id(args.repo_id)
-        valid = args.repo_id.count("/") == 1
-    except HFValidationError:
-        valid = False
-    if not valid:
+        check_model_id(args.repo_id)
+    except ValueError:
         print(f"push: `repo_id` must look like org/name, got {args.repo_id!r}", file=sys.stderr)
         return 2
     if not Path(args.checkpoint).is_dir():

@@ -18,12 +18,29 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from lmk_embed import lora_target_modules
-from lmk_embed.onnx_backend import FP32_FILE, ONNX_FILES, QUANTIZED_FILES
+from lmk_embed.onnx_backend import FP32_FILE, ONNX_FILES, QUANTIZED_FILES, weights_fingerprint
 
 TEMPLATE = Path(__file__).resolve().parent / "template.md"
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "ndcg_vs_max_length.png"
 MODEL_ID_PLACEHOLDER = "your-org/your-model"
+# The card's metadata key for the fingerprint of the weights it describes: `lmk-embed push` refuses
+# a card whose weights have changed since it was written.
+WEIGHTS_KEY = "weights_sha256"
+
+
+def check_model_id(model_id) -> str:
+    """`model_id` as the Hub names a model: namespace/name."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(model_id)
+        valid = model_id.count("/") == 1
+    except (HFValidationError, AttributeError):
+        valid = False
+    if not valid:
+        raise ValueError(f"`model_id` must look like org/name (with its namespace), got {model_id!r}")
+    return model_id
 
 CITATIONS = {
     # Author lists as arXiv gives them (2601.21525, 2604.18199).
@@ -76,6 +93,9 @@ def record_results(checkpoint: str | Path, results: list[dict] | None = None, ex
     Other models' scores on the same data (the untouched base above all) go under the key
     "baselines": [{"model", "dataset", "metric", "value", "max_length"}, ...]; the card shows them
     beside this checkpoint's own, so a reader sees whether fine-tuning helped.
+
+    The file records the fingerprint of the weights the results are of; a card is not written from
+    results of other weights.
     """
     path = Path(checkpoint) / RESULTS_FILE
     data = load_json(path)
@@ -85,6 +105,8 @@ def record_results(checkpoint: str | Path, results: list[dict] | None = None, ex
         data["extrapolation"] = extrapolation
     if baselines is not None:
         data["baselines"] = baselines
+    if any(Path(checkpoint).glob("*.safetensors")):  # the weights these results are of (the card checks it)
+        data[WEIGHTS_KEY] = weights_fingerprint(checkpoint)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 
@@ -340,7 +362,11 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
     results = load_json(folder / RESULTS_FILE)
     family, summary, details = _details(config)
     backbone_type = config["backbone_config"]["model_type"]
-    name = model_id or MODEL_ID_PLACEHOLDER
+    name = MODEL_ID_PLACEHOLDER if model_id is None else check_model_id(model_id)
+    weights = weights_fingerprint(folder) if any(folder.glob("*.safetensors")) else None
+    if results.get(WEIGHTS_KEY) not in (None, weights):
+        raise ValueError(f"{folder / RESULTS_FILE} holds results of other weights ({results[WEIGHTS_KEY]}) than the "
+                         f"checkpoint's ({weights}): evaluate it again (`lmk-embed evaluate ... --record`) or delete the file.")
     graphs = onnx_graphs(folder, family)
     snippets = _snippets(family, name, backbone_type)
     if graphs:
@@ -364,6 +390,7 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         license=license,
         model_name=name.split("/")[-1],
         eval_results=eval_results,
+        **({WEIGHTS_KEY: weights} if weights else {}),
     )
     curves = _curves(results.get("extrapolation"))
     plot = _plot(folder, curves)

@@ -374,3 +374,48 @@ def test_card_plots_can_be_drawn_from_threads(tmp_path):
         drawn = pool.map(lambda i: generator._plot(folders[i], generator._curves(curve if i % 2 else panels)), range(8))
         assert list(drawn) == [generator.PLOT_FILE] * 8
     assert all((folder / generator.PLOT_FILE).stat().st_size > 1000 for folder in folders)
+
+
+# ---- the card must describe what is pushed --------------------------------------------------------
+
+
+def _train_on(folder):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first] * 1.01
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_card_without_its_results_file_is_refused(lmk_copy, tmp_path):
+    (lmk_copy / "eval_results.json").unlink()  # the card still shows its figures
+    with pytest.raises(push.PushError, match="the card reports results but the checkpoint has no eval_results.json"):
+        push.validate(push.stage(lmk_copy, tmp_path / "staged").folder, lmk_copy, repo_id="our-org/tiny-lmk")
+
+
+def test_a_card_of_other_weights_is_refused_and_not_rewritten_from_stale_results(lmk_copy, tmp_path):
+    _train_on(lmk_copy)
+    with pytest.raises(push.PushError, match="the card was written for other weights"):
+        push.validate(push.stage(lmk_copy, tmp_path / "staged").folder, lmk_copy, repo_id="our-org/tiny-lmk")
+    with pytest.raises(ValueError, match="holds results of other weights"):
+        write_card(lmk_copy, model_id="our-org/tiny-lmk")
+    (lmk_copy / "eval_results.json").unlink()
+    write_card(lmk_copy, model_id="our-org/tiny-lmk")
+    assert "0.6123" not in (lmk_copy / "README.md").read_text()
+    push.validate(push.stage(lmk_copy, tmp_path / "staged-2").folder, lmk_copy, repo_id="our-org/tiny-lmk")
+
+
+def test_the_card_must_name_the_repository_pushed_to(lmk_copy, tmp_path, capsys):
+    from lmk_embed_tools import cli
+
+    stage_dir = str(tmp_path / "staged")
+    assert push.main([str(lmk_copy), "our-org/other-name", "--dry-run", "--stage-dir", stage_dir]) == 1
+    assert "the card's snippets load ['our-org/tiny-lmk'], not 'our-org/other-name'" in capsys.readouterr().err
+    write_card(lmk_copy)  # no --model-id: the placeholder
+    assert push.main([str(lmk_copy), "our-org/tiny-lmk", "--dry-run", "--stage-dir", stage_dir]) == 1
+    assert "the placeholder" in capsys.readouterr().err
+    for bad in ("no slash", "a/b/c", "org/"):
+        assert cli.main(["card", str(lmk_copy), "--model-id", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "`model_id` must look like org/name" in err and "Traceback" not in err
