@@ -50,19 +50,25 @@ def _block_size(text: str) -> int | str:
     return "auto" if text == "auto" else _positive_int(text)
 
 
-def _check_source(source: str) -> None:
-    """A source is a local folder or a Hub id; name the problem when it is neither."""
+def _check_source(source: str, name: str = "`source`") -> None:
+    """A source (model or tokenizer) is a local folder or a Hub id; name the problem when it is neither."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     path = Path(source)
     if path.is_dir():
         return
     if path.exists():
-        raise UsageError(f"`source` {source!r} is a file; give the checkpoint's folder")
+        raise UsageError(f"{name} {source!r} is a file; give the checkpoint's folder")
     try:
         validate_repo_id(source)
     except HFValidationError:
-        raise UsageError(f"`source` {source!r} is neither a folder nor a Hub id (org/name)") from None
+        raise UsageError(f"{name} {source!r} is neither a folder nor a Hub id (org/name)") from None
+
+
+def _check_output(output, name: str) -> None:
+    """An output folder may exist (it is reused or refused by the command itself), but not as a file."""
+    if Path(output).exists() and not Path(output).is_dir():
+        raise UsageError(f"{name} {str(output)!r} is a file; give a folder to write to")
 
 
 def _load_source(convert, args, **options):
@@ -70,6 +76,9 @@ def _load_source(convert, args, **options):
     from lmk_embed_tools.training.convert import ConversionError
 
     _check_source(args.source)
+    _check_output(args.output, "OUTPUT")
+    if getattr(args, "tokenizer", None):
+        _check_source(args.tokenizer, "--tokenizer")
     try:
         return convert(args.source, args.output, **options)
     except ConversionError as error:  # a source we cannot convert: the message names the file and field
@@ -241,12 +250,16 @@ def train_config(args: argparse.Namespace):
 def _run_train(args) -> int:
     import logging
 
-    from lmk_embed_tools.training import train
-    from lmk_embed_tools.training.data import TrainingDataError
-
     config = train_config(args)
+    if config.finetune != "qlora":
+        keep_out_quantisation(args)
+    _check_source(config.model, "--model")
+    _check_output(config.output_dir, "--output_dir")
     if config.train_data != "stdlib" and not Path(config.train_data).is_file():
         raise UsageError(f"--train_data {config.train_data!r}: no such file (give a jsonl, csv or parquet file, or 'stdlib')")
+    from lmk_embed_tools.training import train  # sentence-transformers, peft: after the checks
+    from lmk_embed_tools.training.data import TrainingDataError
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         result = train(config)
@@ -437,7 +450,8 @@ def _run_evaluate(args) -> int:
     if args.names is not None and len(args.names) != len(paths):
         raise UsageError(f"--names: {len(args.names)} names for {len(paths)} models")
     for path in paths:
-        _check_source(path)
+        _check_source(path, "MODEL")
+    _check_output(args.out, "--out")
     names = args.names or [Path(p).name for p in paths]
     models = {name: load_model(path) for name, path in zip(names, paths)}
     if args.tokenizer:
@@ -498,6 +512,8 @@ def _run_analyze(args) -> int:
     import json
 
     from lmk_embed_tools.evaluation.analyses import attention_by_position, landmark_locality, plot_attention, plot_locality
+
+    _check_output(args.out, "--out")
     from lmk_embed_tools.evaluation.longcontext import load_model
 
     if args.names is not None and len(args.names) != len(args.models):
@@ -708,12 +724,26 @@ def _run_demo(args) -> int:
     return demo.main(args.rest)
 
 
-def main(argv: list[str] | None = None) -> int:
+# bitsandbytes prints a line when it is imported, and peft imports it whenever it is installed. The
+# console command keeps it out (`find_spec` then reports it missing) unless a run asks for 4-bit
+# (QLoRA), so that a one-line error is the only line. Only there: peft caches the answer per process.
+QUANTISATION_MODULE = "bitsandbytes"
+
+
+def keep_out_quantisation(args) -> None:
+    if getattr(args, "console", False) and QUANTISATION_MODULE not in sys.modules:
+        sys.modules[QUANTISATION_MODULE] = None
+
+
+def main(argv: list[str] | None = None, console: bool = False) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["demo"]:  # the demo parses its own options
         args = argparse.Namespace(command="demo", handler=_run_demo, rest=argv[1:])
     else:
         args = build_parser().parse_args(argv)
+    args.console = console
+    if args.command != "train":  # train decides once its config is read
+        keep_out_quantisation(args)
     try:
         return args.handler(args)
     except UsageError as error:
@@ -721,5 +751,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def console_main() -> int:
+    """The `lmk-embed` console command."""
+    return main(console=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -673,6 +673,9 @@ def run(args: argparse.Namespace, api=None) -> int:
     if not args.max_file_mb > 0:
         print(f"push: --max-file-mb must be > 0, got {args.max_file_mb:g}", file=sys.stderr)
         return 2
+    if args.stage_dir and Path(args.stage_dir).exists() and not Path(args.stage_dir).is_dir():
+        print(f"push: --stage-dir {args.stage_dir!r} is a file; give a folder to stage into", file=sys.stderr)
+        return 2
     stage_dir = Path(args.stage_dir) if args.stage_dir else Path(tempfile.mkdtemp(prefix="lmk-embed-stage-")) / "staged"
     try:
         report = stage(args.checkpoint, stage_dir, args.max_file_mb)

@@ -69,6 +69,28 @@ def describe_model(model: str) -> tuple[dict, Path]:
     return {"source": model, "revision": folder.name, "sha256": None}, folder
 
 
+def _check_model_settings(identity: dict, folder: Path, settings: dict) -> None:
+    """Load the model once here and let its own `resolve` check the call's options (max_length,
+    output_value), so a bad setting is refused before anything is written to OUTPUT_DIR."""
+    from lmk_embed.encoding import check_choice
+    from lmk_embed_tools import quiet_model_loading
+
+    from .worker import load_model
+
+    if not (folder / "config.json").is_file():
+        if (folder / "adapter_config.json").is_file():
+            raise CorpusArgumentError(f"MODEL {identity['source']!r} holds a LoRA adapter, not a full checkpoint: merge it "
+                                      "into its base (`lmk-embed train --save_mode merged`) and encode with that")
+        raise CorpusArgumentError(f"MODEL {identity['source']!r} is not a checkpoint (no config.json)")
+    with quiet_model_loading():  # a refusal below must be the only line printed
+        model = load_model(identity, backend=settings.get("backend"))
+    try:
+        check_choice("output_value", settings["output_value"], model.output_values)
+        model.resolve(max_length=settings["max_length"], output_value=settings["output_value"])
+    except (TypeError, ValueError) as error:
+        raise CorpusArgumentError(f"{' '.join(str(error).split())} (MODEL is a {model.config.model_type} checkpoint)") from None
+
+
 def _prompt(folder: Path, prompt_name: str) -> str:
     """The prompt `prompt_name` names in config_sentence_transformers.json (sentence-transformers'
     `prompt_name`); a checkpoint without that file has no prompts."""
@@ -201,6 +223,7 @@ def encode_corpus(
     }
     if backend != "torch":  # absent for torch, so manifests written before backends existed still match
         settings["backend"] = _onnx_setting(folder, onnx_file, gpus_per_worker)
+    _check_model_settings(identity, folder, settings)
     if manifest is not None:
         differences = shard_files.setting_differences(manifest["settings"], settings)
         if differences:

@@ -27,10 +27,21 @@ def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
 
 
 def load_source_backbone(source: str | Path, **kwargs):
-    """The base model (any task head dropped) of a local folder or a Hub id."""
+    """The base model (any task head dropped) of a local folder or a Hub id. Pickled weights are not
+    read (unpickling runs code): a folder that holds only those is refused, naming the fix."""
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(str(source), **kwargs)
+    folder = Path(source)
+    if folder.is_dir() and not any(folder.glob("*.safetensors")):
+        pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+        if pickled:
+            raise ConversionError(f"`source` {str(source)!r} holds only pickled weights ({', '.join(pickled)}); "
+                                  "conversion reads safetensors only: save the model with `save_pretrained(..., "
+                                  "safe_serialization=True)` where you trust the file, then convert that folder.")
+    from lmk_embed_tools import quiet_model_loading
+
+    with quiet_model_loading():  # the task head is dropped on purpose: its "unexpected keys" report is noise
+        return AutoModel.from_pretrained(str(source), **kwargs)
 
 
 def hub_id_or_none(source: str | Path) -> str | None:
@@ -85,6 +96,7 @@ def convert_to_lmk(
     from lmk_embed.modeling_lmk import LMKModel
     from lmk_embed.tokenization_lmk import LMKTokenizer
 
+    check_encoder_source(source)
     backbone = load_source_backbone(source)
     backbone_config = backbone_config_dict(backbone)
     state = backbone.state_dict()
@@ -120,6 +132,34 @@ def convert_to_lmk(
     if extension is not None:
         tokenizer.model_max_length = extension["max_positions"]
     return save_checkpoint(model, tokenizer, output_dir)
+
+
+def check_recurrent_source(source: str | Path, config: dict | None) -> None:
+    """Recurrent conversion takes the recurrent LMs we embed with; an encoder belongs to `convert-lmk`."""
+    from lmk_embed.modeling_recurrent import STATE_CARRIERS
+
+    model_type = (config or {}).get("model_type")
+    if model_type is not None and model_type not in STATE_CARRIERS:
+        hint = " (an encoder: convert it with `lmk-embed convert-lmk`)" if not (config or {}).get("is_decoder") else ""
+        raise ConversionError(f"`source` {str(source)!r} is a {model_type!r} model, not a recurrent LM "
+                              f"({', '.join(sorted(STATE_CARRIERS))}){hint}.")
+
+
+def check_encoder_source(source: str | Path) -> None:
+    """LMK conversion takes bidirectional encoders: a recurrent LM belongs to `convert-recurrent`, and
+    other causal LMs are refused rather than converted untested (their landmarks would see only
+    the text before them)."""
+    from lmk_embed.modeling_recurrent import STATE_CARRIERS
+
+    config = source_config(source) or {}
+    model_type = config.get("model_type")
+    if model_type in {*STATE_CARRIERS, "mamba"} or find_mamba_ssm_folder(source) is not None:
+        raise ConversionError(f"`source` {str(source)!r} is a recurrent language model ({model_type or 'mamba_ssm layout'}), "
+                              "not an encoder: convert it with `lmk-embed convert-recurrent`.")
+    causal = [name for name in config.get("architectures") or [] if name.endswith(("ForCausalLM", "LMHeadModel"))]
+    if causal or config.get("is_decoder"):
+        raise ConversionError(f"`source` {str(source)!r} is a causal language model ({', '.join(causal) or 'is_decoder'}): "
+                              "LMK conversion takes bidirectional encoders (BERT, ModernBERT, MiniLM, ...).")
 
 
 def _absolute_position_table(backbone) -> tuple[str, torch.nn.Embedding] | None:
@@ -215,7 +255,9 @@ def convert_to_recurrent(
             check_tokenizer_present(mamba_ssm_folder, MAMBA_SSM_TOKENIZER)
         backbone = mamba2_from_mamba_ssm(mamba_ssm_folder)
     else:
-        register_external_backbone(source_config(source))  # RWKV-7 lives in flash-linear-attention
+        config = source_config(source)
+        check_recurrent_source(source, config)
+        register_external_backbone(config)  # RWKV-7 lives in flash-linear-attention
         backbone = load_source_backbone(source)
     config = RecurrentEmbedConfig(
         backbone_config=backbone_config_dict(backbone),
@@ -233,7 +275,10 @@ def convert_to_recurrent(
     copy_backbone_weights(model.backbone, backbone.state_dict(), ignore_prefixes=())
     tokenizer_source = (mamba_ssm_folder or source) if tokenizer is None else tokenizer
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(tokenizer_source), **config.tokenizer_options())
-    _ = tokenizer.eos_id, tokenizer.prefix_ids  # fail here, clearly, without EOS (or BOS when asked for)
+    try:
+        _ = tokenizer.eos_id, tokenizer.prefix_ids  # fail here, clearly, without EOS (or BOS when asked for)
+    except ValueError as error:
+        raise ConversionError(f"tokenizer {str(tokenizer_source)!r}: {error}") from None
     return save_checkpoint(model, tokenizer, output_dir)
 
 
