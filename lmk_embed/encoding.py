@@ -290,8 +290,11 @@ def write_checkpoint_files(model, folder, with_tokenizer: bool, sentence_transfo
     family: its `FAMILY_FILES` (another family's shipped files there are removed), the `auto_map`s,
     and, when `sentence_transformers_files`, modules.json (our module, then Normalize when the model
     normalises), the module's config and config_sentence_transformers.json. A code file that cannot
-    be found is a warning naming it: the folder then does not load with trust_remote_code."""
+    be found is a warning naming it: the folder then does not load with trust_remote_code. An
+    adapter-only save (PEFT: no config.json) is left in PEFT's layout: the code stays with the base."""
     folder, family = Path(folder), model.config.model_type
+    if not (folder / "config.json").is_file():
+        return
     missing = []
     for name in FAMILY_FILES[family]:
         found = _find_code_file(name, model.name_or_path)

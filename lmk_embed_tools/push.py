@@ -676,10 +676,12 @@ def run(args: argparse.Namespace, api=None) -> int:
     if args.stage_dir and Path(args.stage_dir).exists() and not Path(args.stage_dir).is_dir():
         print(f"push: --stage-dir {args.stage_dir!r} is a file; give a folder to stage into", file=sys.stderr)
         return 2
-    stage_dir = Path(args.stage_dir) if args.stage_dir else Path(tempfile.mkdtemp(prefix="lmk-embed-stage-")) / "staged"
+    scratch = None if args.stage_dir else Path(tempfile.mkdtemp(prefix="lmk-embed-stage-"))  # removed at the end
+    stage_dir = Path(args.stage_dir) if args.stage_dir else scratch / "staged"
     try:
         report = stage(args.checkpoint, stage_dir, args.max_file_mb)
-        print(f"Staged {len(report.files)} files in {report.folder}")
+        kept = "" if scratch is None else " (removed at the end; --stage-dir DIR keeps it)"
+        print(f"Staged {len(report.files)} files in {report.folder}{kept}")
         if report.refreshed_code:
             print(f"  code refreshed from the current source: {', '.join(sorted(report.refreshed_code))}")
         if report.left_out:
@@ -701,6 +703,9 @@ def run(args: argparse.Namespace, api=None) -> int:
     except PushError as error:
         print(f"push: {error}", file=sys.stderr)
         return 1
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

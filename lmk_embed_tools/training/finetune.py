@@ -15,6 +15,7 @@ the data. This module only wires them to our two families:
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -415,6 +416,36 @@ def save_final(config: TrainConfig, st, embedder, family: str) -> Path:
 # ---- the run --------------------------------------------------------------------------------------
 
 
+def finished_run(config: TrainConfig) -> dict | None:
+    """`train`'s result for a resume of a run that already reached its last step, or None. The
+    trainer would take one more step past `max_steps` (at learning rate 0) and rewrite final/;
+    instead the finished run's final/ is kept and returned, untouched."""
+    from sentence_transformers import SentenceTransformer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    resume = config.resume_from_checkpoint
+    if resume is None:
+        return None
+    checkpoints = Path(config.output_dir) / "checkpoints"
+    checkpoint = get_last_checkpoint(str(checkpoints)) if resume == "last" and checkpoints.is_dir() else resume
+    state_file = Path(checkpoint or "") / "trainer_state.json"
+    if not checkpoint or not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    last_step = config.max_steps if config.max_steps and config.max_steps > 0 else state.get("max_steps", float("inf"))
+    if state.get("global_step", 0) < last_step:  # a larger --max_steps extends the run
+        return None
+    final_dir = Path(config.output_dir) / "final"
+    if not (final_dir / "config.json").is_file():
+        raise ValueError(f"`resume_from_checkpoint`: {checkpoint} is the last step ({state['global_step']}) of a finished run, "
+                         f"but {final_dir} is missing; load the checkpoint's model and save it there, or train anew.")
+    logger.warning("The run already finished at step %s (max_steps %s): %s is kept as it is.",
+                   state["global_step"], state["max_steps"], final_dir)
+    return {"model": SentenceTransformer(str(final_dir), trust_remote_code=True), "log_history": state.get("log_history", []),
+            "final_dir": final_dir, "metrics": {}, "granularities_drawn": [], "load_report": None,
+            "global_step": state["global_step"], "throughput": []}
+
+
 def train(config: TrainConfig) -> dict:
     """Run `config`; returns the trained SentenceTransformer ("model"), "final_dir", held-out "metrics",
     "log_history", "granularities_drawn", "load_report" and "global_step"."""
@@ -424,6 +455,9 @@ def train(config: TrainConfig) -> dict:
 
     from lmk_embed_tools.compat import single_writer_trainer
 
+    finished = finished_run(config)
+    if finished is not None:
+        return finished
     set_seed(config.seed)
     family, backbone_type = model_family(config.model)
     output_dir = Path(config.output_dir)

@@ -196,6 +196,15 @@ def test_dry_run_uploads_nothing(lmk_copy, tmp_path, capsys):
     assert re.search(rf"{size:,d}\s+model.safetensors", out)
 
 
+def test_a_dry_run_without_stage_dir_leaves_no_staging_folder(lmk_copy, tmp_path, monkeypatch):
+    import tempfile
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    assert push.main([str(lmk_copy), "our-org/tiny-lmk", "--dry-run"], api=RecordingHfApi()) == 0
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_upload_calls(lmk_copy, tmp_path):
     api = RecordingHfApi()
     code = push.main([str(lmk_copy), "our-org/tiny-lmk", "--private", "--revision", "v1-branch", "--tag", "v1.0",

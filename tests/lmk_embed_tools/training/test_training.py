@@ -427,6 +427,22 @@ def test_recurrent_lora_training_under_the_vertical_schedule(mamba2_checkpoint, 
     assert np.abs(merged.encode(texts) - result["model"].encode(texts)).max() <= 1e-4
 
 
+def test_resuming_a_finished_run_keeps_it_as_it_is(lmk_checkpoint, tmp_path, toy_jsonl):
+    """The trainer would take one step past max_steps (at learning rate 0) and rewrite final/."""
+    import dataclasses
+
+    config = run_config(lmk_checkpoint, tmp_path, data=toy_jsonl, max_steps=3, save_steps=3)
+    assert train(config)["global_step"] == 3
+    final = tmp_path / "run" / "final" / "model.safetensors"
+    before = final.read_bytes(), final.stat().st_mtime_ns
+    result = train(dataclasses.replace(config, resume_from_checkpoint="last"))
+    assert result["global_step"] == 3 and result["final_dir"] == tmp_path / "run" / "final"
+    assert (final.read_bytes(), final.stat().st_mtime_ns) == before
+    assert not (tmp_path / "run" / "checkpoints" / "checkpoint-4").exists()
+    extended = train(dataclasses.replace(config, resume_from_checkpoint="last", max_steps=5))  # a larger max_steps extends it
+    assert extended["global_step"] == 5
+
+
 # ---- processes --------------------------------------------------------------------------------
 
 
