@@ -356,6 +356,11 @@ class EncoderMixin:
 
     supports_streaming: bool = False
     output_values: tuple[str, ...] = ("embedding",)
+    # The per-call options of `encode()` beyond the engine's: those that shape the inputs
+    # (`prepare_features` takes them) and those that pick the forward (`forward` takes them). The
+    # sentence-transformers module declares both, so SentenceTransformer.encode takes them too.
+    preprocess_options: tuple[str, ...] = ()
+    forward_options: tuple[str, ...] = ()
     tokenizer_class = None
 
     @classmethod

@@ -225,6 +225,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
     """
 
     output_values = ("embedding", "landmarks")
+    preprocess_options = ("granularity", "splitter", "long_input", "window_length")
     tokenizer_class = LMKTokenizer
     # position_ids and window_document are optional
     forward_input_names = ("input_ids", "attention_mask", "landmark_mask", "position_ids", "window_document")

@@ -408,6 +408,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
     """
 
     supports_streaming = True
+    forward_options = ("schedule", "block_size")
     tokenizer_class = RecurrentEmbedTokenizer
     forward_input_names = ("input_ids", "attention_mask")
 
@@ -546,9 +547,10 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
     def default_max_length(self) -> int | None:
         return self.config.max_length
 
-    def prepare_features(self, texts: list[str], prompt: str | None = None, max_length=None):
-        """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module)."""
-        request = self.resolve(prompt=prompt, max_length=max_length)
+    def prepare_features(self, texts: list[str], prompt: str | None = None, max_length=None, **forward_options):
+        """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module).
+        `forward_options` (schedule, block_size) are checked here, with the rest of the call's."""
+        request = self.resolve(prompt=prompt, max_length=max_length, **forward_options)
         return self.tokenizer.build_batch(texts, prompt=request.prompt, max_length=request.max_length).tensors()
 
     def sentence_transformers_prompts(self) -> dict[str, str]:

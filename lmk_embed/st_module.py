@@ -44,6 +44,8 @@ class EmbedderModule(InputModule):
         if tokenizer is not None:
             model.tokenizer = tokenizer
         self._truncation_reported = False
+        # The model's per-call options: SentenceTransformer.encode passes these on to preprocess and forward.
+        self.forward_kwargs = {*model.preprocess_options, *model.forward_options}
 
     @property
     def family(self) -> str:
@@ -79,7 +81,8 @@ class EmbedderModule(InputModule):
     def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
         """Texts -> the model's input tensors ([B, T] each). `max_length` and (LMK) `granularity` come
         per call from the trainer's collator; an LMK model in training mode with the `variable`
-        splitter and no `granularity` draws one.
+        splitter and no `granularity` draws one. The model's other per-call options
+        (`preprocess_options`, `forward_options`) come from SentenceTransformer.encode.
 
         At inference, the first batch of an encode call that truncates a text warns, as the
         model's own `encode()` does (once per call).
@@ -90,7 +93,8 @@ class EmbedderModule(InputModule):
                 raise TypeError(f"inputs[{index}] must be a string, got {type(text).__name__}.")
         # The trainer's per-column budget (queries vs passages) and the batch's drawn g; the model's
         # `resolve` defaults and checks them, as for its own `encode()`.
-        options = {"granularity": kwargs["granularity"]} if kwargs.get("granularity") is not None else {}
+        names = (*self.model.preprocess_options, *self.model.forward_options)
+        options = {name: kwargs[name] for name in names if kwargs.get(name) is not None}
         try:
             features = self.model.prepare_features(texts, prompt=prompt or None, max_length=kwargs.get("max_length"),
                                                    **options)
@@ -106,7 +110,8 @@ class EmbedderModule(InputModule):
 
     def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
         inputs = {name: features[name] for name in self.model.forward_input_names if name in features}
-        output = self.model(**inputs)
+        options = {name: kwargs[name] for name in self.model.forward_options if kwargs.get(name) is not None}
+        output = self.model(**inputs, **options)
         features["sentence_embedding"] = output.embeddings
         # Windows (LMK `long_input="windows"`) give per-row states, not per text: no token embeddings then.
         if output.last_hidden_state is not None and "window_document" not in inputs:

@@ -72,7 +72,6 @@ def describe_model(model: str) -> tuple[dict, Path]:
 def _check_model_settings(identity: dict, folder: Path, settings: dict) -> None:
     """Load the model once here and let its own `resolve` check the call's options (max_length,
     output_value), so a bad setting is refused before anything is written to OUTPUT_DIR."""
-    from lmk_embed.encoding import check_choice
     from lmk_embed_tools import quiet_model_loading
 
     from .worker import load_model
@@ -82,10 +81,17 @@ def _check_model_settings(identity: dict, folder: Path, settings: dict) -> None:
             raise CorpusArgumentError(f"MODEL {identity['source']!r} holds a LoRA adapter, not a full checkpoint: merge it "
                                       "into its base (`lmk-embed train --save_mode merged`) and encode with that")
         raise CorpusArgumentError(f"MODEL {identity['source']!r} is not a checkpoint (no config.json)")
-    with quiet_model_loading():  # a refusal below must be the only line printed
-        model = load_model(identity, backend=settings.get("backend"))
     try:
-        check_choice("output_value", settings["output_value"], model.output_values)
+        with quiet_model_loading():  # a refusal below must be the only line printed
+            # an ONNX graph exported from other weights than the folder's is refused by the
+            # checkpoint's own loader, before any shard
+            model = load_model(identity, backend=settings.get("backend"))
+    except ValueError as error:
+        raise CorpusArgumentError(" ".join(str(error).split())) from None
+    try:
+        if settings["output_value"] not in model.output_values:
+            raise ValueError(f"Unknown `output_value` {settings['output_value']!r}; expected one of "
+                             f"{sorted(model.output_values)}.")
         model.resolve(max_length=settings["max_length"], output_value=settings["output_value"])
     except (TypeError, ValueError) as error:
         raise CorpusArgumentError(f"{' '.join(str(error).split())} (MODEL is a {model.config.model_type} checkpoint)") from None
@@ -104,8 +110,7 @@ def _prompt(folder: Path, prompt_name: str) -> str:
 
 
 def _onnx_setting(folder: Path, onnx_file: str, gpus_per_worker: float) -> dict:
-    """The `backend` setting of an ONNX run: the graph's name and the sha256 of its bytes; a graph
-    exported from other weights than the folder's is refused."""
+    """The `backend` setting of an ONNX run: the graph's name and the sha256 of its bytes."""
     from .shards import file_sha256
 
     config = folder / "config.json"
@@ -118,13 +123,6 @@ def _onnx_setting(folder: Path, onnx_file: str, gpus_per_worker: float) -> dict:
                                   "`lmk-embed export-onnx CHECKPOINT` (--quantize int8 for onnx/model_qint8.onnx)")
     if gpus_per_worker:
         raise CorpusArgumentError("`backend` 'onnx' runs on CPU; give `gpus_per_worker` 0")
-    from lmk_embed.onnx_backend import check_graph_weights, require_onnxruntime
-
-    session = require_onnxruntime().InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    try:  # before any shard: a graph exported from the old weights gives the old weights' vectors
-        check_graph_weights(folder, dict(session.get_modelmeta().custom_metadata_map), onnx_file)
-    except ValueError as error:
-        raise CorpusArgumentError(str(error)) from None
     return {"name": "onnx", "file": onnx_file, "sha256": file_sha256(graph)}
 
 

@@ -169,3 +169,28 @@ def test_recurrent_bfloat16_through_both_loaders(mamba2_checkpoint):
         assert model.backbone.layers[0].mixer.in_proj.weight.dtype == torch.bfloat16
     texts = [SAMPLE_TEXT, "a b"]
     np.testing.assert_allclose(st.encode(texts), auto.encode(texts), atol=1e-5)
+
+
+# ---- per-call options -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{"granularity": 8}, {"splitter": "sentence"}, {"long_input": "windows"},
+                                     {"long_input": "windows", "window_length": 256}])
+def test_lmk_per_call_options_match_automodel(st_lmk, minilm_lmk_checkpoint, options):
+    model = AutoModel.from_pretrained(str(minilm_lmk_checkpoint), trust_remote_code=True)
+    texts = [SAMPLE_TEXT * 3, "word " * 900, "zip archives"]
+    found = st_lmk.encode(texts, **options)
+    assert np.abs(found - model.encode(texts, **options)).max() <= 1e-5
+    assert np.abs(found - model.encode(texts)).max() > 1e-4  # the option reached the model
+
+
+def test_recurrent_per_call_options_match_automodel(mamba2_checkpoint):
+    st = load_st(mamba2_checkpoint)
+    model = AutoModel.from_pretrained(str(mamba2_checkpoint), trust_remote_code=True)
+    texts = DOCUMENTS
+    for options in ({"schedule": "horizontal"}, {"schedule": "vertical", "block_size": 7}):
+        assert np.abs(st.encode(texts, **options) - model.encode(texts, **options)).max() <= 1e-5
+    with pytest.raises(ValueError, match="schedule"):
+        st.encode(texts, schedule="sideways")
+    with pytest.raises(ValueError, match="granularity"):  # not a recurrent option: sentence-transformers refuses it
+        st.encode(texts, granularity=8)
