@@ -61,6 +61,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
     query_template, default_task: queries become `query_template.format(task=...) + query`.
     document_prompt: prepended to documents (none in the paper, so a corpus serves every task).
     base_model: the Hub id the backbone came from, when known (for model cards).
+    distilled_from: the Hub id of the teacher a student was distilled from, when it was (for model cards).
     """
 
     model_type = "recurrent_embedder"
@@ -77,6 +78,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
     default_task: str = DEFAULT_TASK
     document_prompt: str = ""
     base_model: str | None = None
+    distilled_from: str | None = None
 
     def __post_init__(self, **kwargs):
         register_external_backbone(self.backbone_config)

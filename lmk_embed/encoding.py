@@ -184,6 +184,23 @@ def content_backend(tokenizer):
     return backend
 
 
+def _encode_batch(backend, texts: list[str]):
+    """`backend.encode_batch` without special tokens; a text the Rust tokenizer cannot take (a lone
+    surrogate such as "\\ud800": not valid Unicode) is named instead of the tokenizer's opaque TypeError
+    (by its beginning: the engine reorders texts, so an index here is not the caller's)."""
+    try:
+        return backend.encode_batch(texts, add_special_tokens=False)
+    except TypeError:
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError(f"A text is not valid Unicode: {error.reason} at character {error.start} "
+                                 f"({text[error.start]!r}) of the text beginning {text[:40]!r}; decode its bytes "
+                                 "with errors='replace'.") from None
+        raise
+
+
 def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
     """One Rust pass over `texts` without special tokens (literal "[SEP]", "</s>" stay plain text).
 
@@ -194,13 +211,13 @@ def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
     """
     backend = content_backend(tokenizer)
     if max_tokens is None:
-        return backend.encode_batch(texts, add_special_tokens=False)
+        return _encode_batch(backend, texts)
     limit = _CHARS_PER_TOKEN_BOUND * (max_tokens + 1)
     prefixes = []
     for text in texts:
         cut = last_safe_cut(text[:limit]) if len(text) > limit else 0
         prefixes.append(text[:cut] if cut else text)
-    encodings = backend.encode_batch(prefixes, add_special_tokens=False)
+    encodings = _encode_batch(backend, prefixes)
     for index, (text, prefix, encoding) in enumerate(zip(texts, prefixes, encodings)):
         if len(prefix) < len(text) and len(encoding.ids) <= max_tokens:  # rare: very long tokens
             encodings[index] = backend.encode(text, add_special_tokens=False)

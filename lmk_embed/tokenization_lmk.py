@@ -398,7 +398,8 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         if token_id is None:
             raise ValueError(
                 f"The tokenizer has no landmark token: `lmk_landmark`={choice!r} but it has neither a SEP nor "
-                "an EOS token. Set `lmk_landmark` to a token in the vocabulary."
+                "an EOS token. Give a landmark token in the vocabulary (`landmark_token` of convert_to_lmk, "
+                "`--landmark-token` of lmk-embed convert-lmk)."
             )
         return int(token_id)
 

@@ -705,6 +705,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search(subparsers)
     _add_export_onnx(subparsers)
     _add_demo(subparsers)
+    subparsers.add_parser("train-student", add_help=False,
+                          help="The recurrent student of MiniLM, end to end: rows, training, evaluation, card, "
+                               "dry-run publishing (`lmk-embed train-student --help` for its options).")
     return parser
 
 
@@ -724,6 +727,12 @@ def _run_demo(args) -> int:
     return demo.main(args.rest)
 
 
+def _run_train_student(args) -> int:
+    from lmk_embed_tools import student_demo
+
+    return student_demo.main(args.rest)
+
+
 # bitsandbytes prints a line when it is imported, and peft imports it whenever it is installed. The
 # console command keeps it out (`find_spec` then reports it missing) unless a run asks for 4-bit
 # (QLoRA), so that a one-line error is the only line. Only there: peft caches the answer per process.
@@ -739,6 +748,8 @@ def main(argv: list[str] | None = None, console: bool = False) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["demo"]:  # the demo parses its own options
         args = argparse.Namespace(command="demo", handler=_run_demo, rest=argv[1:])
+    elif argv[:1] == ["train-student"]:  # so does the student's job
+        args = argparse.Namespace(command="train-student", handler=_run_train_student, rest=argv[1:])
     else:
         args = build_parser().parse_args(argv)
     args.console = console

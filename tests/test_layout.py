@@ -23,8 +23,9 @@ ALLOWED_IMPORTS = {
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
     f"{TOOLS}.corpus": {f"{TOOLS}.compat"},
     f"{TOOLS}.cli": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "corpus", "demo",
-                                                           "onnx_export"))},
+                                                           "student_demo", "onnx_export"))},
     f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push"))},
+    f"{TOOLS}.student_demo": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push")},
     f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation"},
     "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push",
                                                           "onnx_export"))},

@@ -267,10 +267,17 @@ def _details(config: dict) -> tuple[str, str, list[tuple[str, str]]]:
             "to every input and the final-layer state at EOS is the embedding (arXiv 2604.18199). Long inputs run "
             "in constant memory with the vertical schedule."
         )
+        if config.get("distilled_from"):
+            summary += (
+                f" Unlike the paper's models (pretrained Mamba2 LMs fine-tuned contrastively), this one is a **student "
+                f"distilled from `{config['distilled_from']}`**: a fresh Mamba2 trained to reproduce the teacher's vectors "
+                "(and InfoNCE on query-page pairs), starting from the teacher's word embeddings."
+            )
         details = [
             ("Family", "recurrent (`RecurrentEmbedModel`)"),
             ("Backbone", f"`{backbone['model_type']}`, {backbone.get('num_hidden_layers')} layers"),
             ("Pooling", "final-layer state at EOS"),
+            *([("Distilled from", f"`{config['distilled_from']}`")] if config.get("distilled_from") else []),
             ("Schedule", f"`{config.get('schedule')}` (block size V = {config.get('block_size')})"),
             ("Query instruction", f"`{config.get('query_template', '').strip()}` (default task: {config.get('default_task')})"),
             ("Max length", str(config.get("max_length") or "unbounded (vertical schedule)")),

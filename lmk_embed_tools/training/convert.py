@@ -392,8 +392,9 @@ def load_tensor_file(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # anything but plain tensors is refused by weights_only
-        raise ConversionError(f"{path.name}: cannot be read as plain tensors (weights_only=True): {error}") from None
+    except Exception:  # anything but plain tensors is refused by weights_only; torch's text suggests unsafe loading
+        raise ConversionError(f"{path.name}: cannot be read as plain tensors (objects other than tensors are never "
+                              "unpickled); save the weights with safetensors (model.save_pretrained) and convert that") from None
     if not isinstance(state, dict):
         raise ConversionError(f"{path.name}: expected a dict of tensors, got {type(state).__name__}.")
     return state

@@ -163,22 +163,30 @@ def student_training_rows(corpus, teacher, recipe: dict, max_rows: int | None, s
     return add_student_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["passage_max_length"])
 
 
-def train_student(teacher: str | Path, train_file: str | Path, output_dir: str | Path, *, size: str = "demo",
+def train_student(teacher: str | Path, train_file: str | Path, output_dir: str | Path, *, size: str | dict = "demo",
                   steps: int, init: str = "teacher-embeddings", bf16: bool | None = None, seed: int = 0,
-                  recipe: dict | None = None, base_model: str | None = None, logging_steps: int = 20) -> dict:
+                  recipe: dict | None = None, teacher_id: str | None = None, logging_steps: int = 20) -> dict:
     """Initialise a student (`init_student`), convert it (`convert_to_recurrent`) and train it on
-    `train_file` (rows with `teacher_embeddings`) for `steps` steps; returns `finetune.train`'s result."""
+    `train_file` (rows with `teacher_embeddings`) for `steps` steps; returns `finetune.train`'s result.
+    `teacher_id` (default: `teacher`) is recorded as the checkpoint's `distilled_from`, for its card."""
+    from transformers import AutoConfig
+
     from .config import TrainConfig
     from .convert import convert_to_recurrent
     from .finetune import train
 
-    if size not in STUDENT_SIZES:
-        raise ValueError(f"Unknown `size` {size!r}; expected one of {list(STUDENT_SIZES)}.")
+    if isinstance(size, str):
+        if size not in STUDENT_SIZES:
+            raise ValueError(f"Unknown `size` {size!r}; expected one of {list(STUDENT_SIZES)} or a dict of their fields.")
+        size = STUDENT_SIZES[size]
     recipe = {**STUDENT_RECIPE, **(recipe or {})}
     output_dir = Path(output_dir)
-    backbone = init_student(teacher, output_dir / "backbone", init=init, seed=seed, **STUDENT_SIZES[size])
-    checkpoint = convert_to_recurrent(backbone, output_dir / "init", base_model=base_model)
-    config = TrainConfig(model=str(checkpoint), output_dir=str(output_dir / "run"), train_data=str(train_file),
+    backbone = init_student(teacher, output_dir / "backbone", init=init, seed=seed, **size)
+    checkpoint = convert_to_recurrent(backbone, output_dir / "init")
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
+    config.distilled_from = str(teacher_id or teacher)
+    config.save_pretrained(checkpoint)
+    run = TrainConfig(model=str(checkpoint), output_dir=str(output_dir / "run"), train_data=str(train_file),
                          eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=logging_steps, seed=seed,
                          bf16=cpu_has_bf16() if bf16 is None else bf16, **recipe)
-    return train(config)
+    return train(run)

@@ -236,8 +236,18 @@ def test_tokenizer_without_sep_or_eos(tmp_path, bpe_tokenizer_dir):
     bare.bos_token = None
     bare.save_pretrained(tmp_path)
     tokenizer = LMKTokenizer.from_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="neither a SEP nor an EOS"):
+    with pytest.raises(ValueError, match="neither a SEP nor an EOS.*--landmark-token"):
         tokenizer("some text")
+
+
+@pytest.mark.parametrize("family", ["lmk", "recurrent"])
+def test_a_lone_surrogate_is_named_by_its_text(family, lmk_model, mamba2_checkpoint):
+    """"\\ud800" is not valid Unicode: the error names the text and the character, not the tokenizer's TypeError."""
+    from transformers import AutoModel
+
+    model = lmk_model if family == "lmk" else AutoModel.from_pretrained(mamba2_checkpoint, trust_remote_code=True)
+    with pytest.raises(ValueError, match=r"A text is not valid Unicode: surrogates not allowed at character 4 .* beginning 'bad "):
+        model.encode(["fine", "bad \ud800 text"])
 
 
 def test_empty_string_gives_a_valid_embedding(lmk_model):
