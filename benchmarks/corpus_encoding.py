@@ -1,7 +1,7 @@
 """encode-corpus throughput against a plain `model.encode()` loop, Ray's overhead, and resume cost.
 
-    python benchmarks/corpus_encoding.py [--texts 240] [--shard-size 40] [--runs 1] [--no-ray] [--onnx]
-    python benchmarks/corpus_encoding.py --long-document [--tokens 65536 1048576]
+    python -m benchmarks.corpus_encoding [--texts 240] [--shard-size 40] [--runs 1] [--no-ray] [--onnx]
+    python -m benchmarks.corpus_encoding --long-document [--tokens 65536 1048576]
 
 The model is all-MiniLM-L6-v2 converted to LMK (g=32, 512 tokens); the corpus is stdlib
 documentation windows of 50-300 words in a jsonl file. Every timing includes loading the model,

@@ -5,17 +5,14 @@ mode, with the dropout probabilities set by `training.finetune.set_dropout` (wha
 and `attention_dropout` do). Runs are interleaved (best of `--runs`); prints each time and its ratio
 to no dropout.
 
-    python benchmarks/dropout_cost.py [--batch 16] [--length 512] [--runs 3] [--threads 2]
+    python -m benchmarks.dropout_cost [--batch 16] [--length 512] [--runs 3] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-from benchmarks.common import best_of, save_results  # noqa: E402
+from benchmarks.common import best_of, save_results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """LMKModel.encode vs SentenceTransformer.encode on the same MiniLM weights, texts and batch size.
 
-    python benchmarks/encode_speed.py [--texts 192] [--batch-size 32]
+    python -m benchmarks.encode_speed [--texts 192] [--batch-size 32]
 
 SentenceTransformer runs all-MiniLM-L6-v2 as published (mean pooling); LMKModel runs the same
 weights with landmark pooling at g = 32 and 128, so it processes 1/g more tokens. Target:

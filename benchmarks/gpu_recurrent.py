@@ -1,7 +1,7 @@
 """Recurrent vertical encode on one GPU: throughput and peak memory against V and T. Not part of CI.
 
-    python benchmarks/gpu_recurrent.py            # Mamba2-1.3B-shaped random model, bf16, on cuda
-    python benchmarks/gpu_recurrent.py --smoke    # a tiny float32 model, runs anywhere in seconds
+    python -m benchmarks.gpu_recurrent            # Mamba2-1.3B-shaped random model, bf16, on cuda
+    python -m benchmarks.gpu_recurrent --smoke    # a tiny float32 model, runs anywhere in seconds
 
 The model is Mamba2-1.3B-shaped with random weights (d=2048, 48 layers, state 128, head_dim 64,
 one group) in bf16. For V in {512, 1024, 2048, 4096} and T up to 131,072 it times our vertical
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import warnings
-from pathlib import Path
 
 
 def build(smoke: bool, device: str, dtype):

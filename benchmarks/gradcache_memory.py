@@ -1,6 +1,6 @@
 """GradCache (CachedMultipleNegativesRankingLoss) vs plain InfoNCE at the same batch size: peak RSS.
 
-    python benchmarks/gradcache_memory.py [--batch-size 32] [--mini-batch-size 8]
+    python -m benchmarks.gradcache_memory [--batch-size 32] [--mini-batch-size 8]
 
 One training step (forward, backward, optimizer) of the MiniLM LMK model on `batch-size`
 (query, passage, hard negative) triples of 256-token passages, each loss in a fresh process;
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from benchmarks.common import peak_rss_mb, reset_peak_rss, rss_mb, sample_texts, save_results  # noqa: E402
+from benchmarks.common import peak_rss_mb, reset_peak_rss, rss_mb, sample_texts, save_results
 
 
 def worker(loss_name: str, checkpoint: str, batch_size: int, mini_batch_size: int) -> dict:

@@ -7,7 +7,7 @@ transformers' `NO_DUPLICATES` sampler and with `LengthGroupedBatchSampler`, and 
 each training loop (the trainer's `train_runtime`), the passage tokens of the batches it drew
 (padding included), and the ratios.
 
-    python benchmarks/length_grouping.py --train-file runs/demo/train.jsonl [--steps 30] [--threads 2]
+    python -m benchmarks.length_grouping --train-file runs/demo/train.jsonl [--steps 30] [--threads 2]
 
 The training file is `make demo`'s (rows with the teacher's vectors, so the distillation term runs too).
 """
@@ -15,12 +15,10 @@ The training file is `make demo`'s (rows with the teacher's vectors, so the dist
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-from benchmarks.common import save_results  # noqa: E402
+from benchmarks.common import save_results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Recurrent encode of a batched corpus with long-tailed lengths, against transformers' horizontal forward.
 
-    python benchmarks/recurrent_batched.py [--docs 100] [--seed 0] [--threads 1] [--max-length 65536]
-    python benchmarks/recurrent_batched.py --docs 1000          # the full corpus (about an hour on 2 cores)
+    python -m benchmarks.recurrent_batched [--docs 100] [--seed 0] [--threads 1] [--max-length 65536]
+    python -m benchmarks.recurrent_batched --docs 1000          # the full corpus (about an hour on 2 cores)
 
 A Mamba2 of d=256, 8 layers, state 64 (random weights, the model of recurrent_floor.py) embeds --docs
 stdlib-documentation texts whose token lengths are drawn from a seeded lognormal (median --median,
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-from benchmarks.common import peak_rss_mb, reset_peak_rss, rss_mb, save_figure, save_results, stdlib_words  # noqa: E402
+from benchmarks.common import peak_rss_mb, reset_peak_rss, rss_mb, save_figure, save_results, stdlib_words
 
 METHODS = ("encode", "transformers", "horizontal")
 MIN_TOKENS = 16

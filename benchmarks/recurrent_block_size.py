@@ -1,6 +1,6 @@
 """Recurrent encode time against the block size V, and the V that `block_size="auto"` picks.
 
-    python benchmarks/recurrent_block_size.py [--length 65536] [--block-sizes 256 512 ... 8192] [--repeats 3] [--threads 1]
+    python -m benchmarks.recurrent_block_size [--length 65536] [--block-sizes 256 512 ... 8192] [--repeats 3] [--threads 1]
 
 A Mamba2 of d=256, 8 layers, state 64 (random weights, the model of recurrent_floor.py) embeds one
 stdlib-documentation text of --length tokens with `encode(text, block_size=V)` (vertical schedule,
@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-from benchmarks.common import save_figure, save_results  # noqa: E402
+from benchmarks.common import save_figure, save_results
 
 FIGURE = HERE.parent / "runs" / "benchmarks" / "recurrent_time_vs_block_size.png"
 

@@ -1,7 +1,7 @@
 """Recurrent encode against its floor: the projections' GEMMs, which a Mamba2 layer cannot avoid.
 
-    python benchmarks/recurrent_floor.py [--lengths 4096 65536 262144] [--block-size 2048]
-    python benchmarks/recurrent_floor.py --profile 8192      # per-op table of one vertical forward
+    python -m benchmarks.recurrent_floor [--lengths 4096 65536 262144] [--block-size 2048]
+    python -m benchmarks.recurrent_floor --profile 8192      # per-op table of one vertical forward
 
 A Mamba2 of d=256, 8 layers, state 64 (random weights, as in recurrent_memory_speed.py) embeds one
 stdlib-documentation text of T tokens. In one process, interleaved, best of --repeats:
@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import warnings
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-from benchmarks.common import save_results  # noqa: E402
+from benchmarks.common import save_results
 
 D_MODEL, LAYERS, STATE = 256, 8, 64
 

@@ -1,6 +1,6 @@
 """Recurrent embedders: peak memory and time against sequence length (the paper's Figures 4 and 5).
 
-    python benchmarks/recurrent_memory_speed.py [--lengths 4096 16384 65536 262144]
+    python -m benchmarks.recurrent_memory_speed [--lengths 4096 16384 65536 262144]
 
 A Mamba2 of d=256, 8 layers, state 64 (random weights) embeds one stdlib-documentation text of T
 tokens three ways, each measurement in its own fresh process (peak RSS = that process's maximum):
@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-from benchmarks.common import RESULTS_DIR, peak_rss_mb, reset_peak_rss, rss_mb, save_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, peak_rss_mb, reset_peak_rss, rss_mb, save_results
 
 D_MODEL, LAYERS, STATE = 256, 8, 64
 

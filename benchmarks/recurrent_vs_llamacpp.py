@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-from benchmarks.common import RESULTS_DIR, peak_rss_mb, save_figure, save_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, peak_rss_mb, save_figure, save_results
 
 SHAPES = {  # hidden_size, layers, state_size; head_dim 64, expand 2, n_groups 1 for both
     "small": (256, 8, 64),

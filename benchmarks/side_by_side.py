@@ -7,19 +7,17 @@ one run after the other on `--threads` threads, then with `train_side_by_side` o
 each. It prints the wall time, which includes loading the models (and, side by side, starting two
 processes), and the time of the training loops alone (the trainer's `train_runtime`).
 
-    python benchmarks/side_by_side.py [--steps 10] [--threads 2]
+    python -m benchmarks.side_by_side [--steps 10] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-from benchmarks.common import sample_texts, save_results  # noqa: E402
+from benchmarks.common import sample_texts, save_results
 
 
 def training_loop_seconds(run: dict) -> float:

@@ -1,6 +1,6 @@
 """Landmark tokenization vs the plain fast tokenizer, on the same texts (target: ratio <= 1.15).
 
-    python benchmarks/tokenization_speed.py [--texts 2000] [--batch-size 64]
+    python -m benchmarks.tokenization_speed [--texts 2000] [--batch-size 64]
 
 Both produce padded (right) int64 tensors of the whole texts (no truncation) from one Rust pass per
 batch; the landmark tokenizer also builds the landmark layout and `landmark_mask`.
