@@ -482,7 +482,6 @@ class EncoderMixin:
         """
         is_single, items = _as_batch(texts, allow_streams=self.supports_streaming)
         batch_size = check_positive_int("batch_size", batch_size)
-        check_choice("output_value", output_value, self.output_values)
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"`prompt` must be a string or None, got {type(prompt).__name__}.")
         normalize = bool(self.config.normalize if normalize is None else normalize)

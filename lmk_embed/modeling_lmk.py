@@ -324,6 +324,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         `original_positions()`) must fit the table and hold a chunk.
         """
         config = self.config
+        check_choice("output_value", output_value, self.output_values)
         splitter = check_choice("splitter", config.splitter if splitter is None else splitter, SPLITTERS)
         long_input = check_choice("long_input", config.long_input if long_input is None else long_input, LONG_INPUTS)
         if granularity is not None:

@@ -649,6 +649,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
                 schedule: str | None = None, block_size: int | str | None = None) -> "RecurrentRequest":
         """The one place a call's options are defaulted (from the config) and checked. `auto` schedules
         are turned into horizontal or vertical per batch, in `forward`, where the batch's length is known."""
+        check_choice("output_value", output_value, self.output_values)
         self.resolve_schedule(schedule, block_size, longest=0)  # validates the schedule and V
         self.tokenizer.check_max_length(max_length)
         _ = self.tokenizer.eos_id  # a tokenizer without EOS fails here, clearly

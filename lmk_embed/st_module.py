@@ -93,8 +93,7 @@ class EmbedderModule(InputModule):
                 raise TypeError(f"inputs[{index}] must be a string, got {type(text).__name__}.")
         # The trainer's per-column budget (queries vs passages) and the batch's drawn g; the model's
         # `resolve` defaults and checks them, as for its own `encode()`.
-        names = (*self.model.preprocess_options, *self.model.forward_options)
-        options = {name: kwargs[name] for name in names if kwargs.get(name) is not None}
+        options = {name: kwargs[name] for name in self.forward_kwargs if kwargs.get(name) is not None}
         try:
             features = self.model.prepare_features(texts, prompt=prompt or None, max_length=kwargs.get("max_length"),
                                                    **options)

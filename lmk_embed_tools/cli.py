@@ -746,10 +746,9 @@ def keep_out_quantisation(args) -> None:
 
 def main(argv: list[str] | None = None, console: bool = False) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["demo"]:  # the demo parses its own options
-        args = argparse.Namespace(command="demo", handler=_run_demo, rest=argv[1:])
-    elif argv[:1] == ["train-student"]:  # so does the student's job
-        args = argparse.Namespace(command="train-student", handler=_run_train_student, rest=argv[1:])
+    own_parsers = {"demo": _run_demo, "train-student": _run_train_student}  # jobs that parse their own options
+    if argv[:1] and argv[0] in own_parsers:
+        args = argparse.Namespace(command=argv[0], handler=own_parsers[argv[0]], rest=argv[1:])
     else:
         args = build_parser().parse_args(argv)
     args.console = console

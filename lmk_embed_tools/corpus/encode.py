@@ -89,9 +89,6 @@ def _check_model_settings(identity: dict, folder: Path, settings: dict) -> None:
     except ValueError as error:
         raise CorpusArgumentError(" ".join(str(error).split())) from None
     try:
-        if settings["output_value"] not in model.output_values:
-            raise ValueError(f"Unknown `output_value` {settings['output_value']!r}; expected one of "
-                             f"{sorted(model.output_values)}.")
         model.resolve(max_length=settings["max_length"], output_value=settings["output_value"])
     except (TypeError, ValueError) as error:
         raise CorpusArgumentError(f"{' '.join(str(error).split())} (MODEL is a {model.config.model_type} checkpoint)") from None

@@ -238,6 +238,7 @@ def convert_to_recurrent(
     default_task: str | None = None,
     base_model: str | None = None,
     tokenizer: str | Path | None = None,
+    distilled_from: str | None = None,
 ) -> Path:
     """Turn a recurrent causal LM (Mamba2, xLSTM, RWKV; folder or Hub id) into an embedder checkpoint.
 
@@ -269,6 +270,7 @@ def convert_to_recurrent(
         max_length=max_length,
         default_task=default_task or DEFAULT_TASK,
         base_model=base_model if base_model is not None else hub_id_or_none(source),
+        distilled_from=distilled_from,
     )
     model = RecurrentEmbedModel(config)
     check_position_limit("max_length", max_length, model.max_positions())

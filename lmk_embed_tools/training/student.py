@@ -169,8 +169,6 @@ def train_student(teacher: str | Path, train_file: str | Path, output_dir: str |
     """Initialise a student (`init_student`), convert it (`convert_to_recurrent`) and train it on
     `train_file` (rows with `teacher_embeddings`) for `steps` steps; returns `finetune.train`'s result.
     `teacher_id` (default: `teacher`) is recorded as the checkpoint's `distilled_from`, for its card."""
-    from transformers import AutoConfig
-
     from .config import TrainConfig
     from .convert import convert_to_recurrent
     from .finetune import train
@@ -182,11 +180,8 @@ def train_student(teacher: str | Path, train_file: str | Path, output_dir: str |
     recipe = {**STUDENT_RECIPE, **(recipe or {})}
     output_dir = Path(output_dir)
     backbone = init_student(teacher, output_dir / "backbone", init=init, seed=seed, **size)
-    checkpoint = convert_to_recurrent(backbone, output_dir / "init")
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
-    config.distilled_from = str(teacher_id or teacher)
-    config.save_pretrained(checkpoint)
+    checkpoint = convert_to_recurrent(backbone, output_dir / "init", distilled_from=str(teacher_id or teacher))
     run = TrainConfig(model=str(checkpoint), output_dir=str(output_dir / "run"), train_data=str(train_file),
-                         eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=logging_steps, seed=seed,
-                         bf16=cpu_has_bf16() if bf16 is None else bf16, **recipe)
+                      eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=logging_steps, seed=seed,
+                      bf16=cpu_has_bf16() if bf16 is None else bf16, **recipe)
     return train(run)
