@@ -27,6 +27,8 @@ from transformers.utils import ModelOutput
 
 from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, LONG_INPUTS, SPLITTERS, LMKConfig
 from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
+# onnx_backend.py imports no model file, so nothing circles back; this import also ships it in every checkpoint.
+from .onnx_backend import OnnxGraph, load_onnx_model
 from .tokenization_lmk import LayoutOptions, LMKTokenizer, cut_windows
 
 
@@ -222,6 +224,11 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
     """Encoder backbone + landmark pooling, with a generate-free `encode()`.
 
     Inputs: input_ids, attention_mask, landmark_mask, all [B, T] (from `LMKTokenizer`).
+
+    Two steps make and run the torch weights: `build_torch_weights` (in `__init__`) and `embed_rows` (in
+    `forward`). A subclass that computes the rows elsewhere (`LMKOnnxModel`, on ONNX Runtime) passes
+    `build_weights=False` and overrides `embed_rows` (and what reads the backbone: `max_positions`,
+    `device`); the rest (config, tokenizer, `forward`, `encode()`) is this class's.
     """
 
     output_values = ("embedding", "landmarks")
@@ -230,17 +237,24 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
     # position_ids and window_document are optional
     forward_input_names = ("input_ids", "attention_mask", "landmark_mask", "position_ids", "window_document")
 
-    def __init__(self, config: LMKConfig):
+    def __init__(self, config: LMKConfig, build_weights: bool = True):
+        """`build_weights=False`: no torch weights (`build_torch_weights` is skipped), for a subclass
+        whose `embed_rows` needs none."""
         super().__init__(config)
         config.check()
-        try:  # BERT-style poolers are never used: leave them out (DDP needs every parameter used)
-            self.backbone = AutoModel.from_config(config.backbone_config, add_pooling_layer=False)
-        except TypeError:
-            self.backbone = AutoModel.from_config(config.backbone_config)
-        self.pooler = POOLERS[config.pooling](config)
         self._tokenizer = None
         self._granularity_draws = random.Random(config.splitter_seed)  # the `variable` splitter's g per batch
+        if build_weights:
+            self.build_torch_weights()
         self.post_init()
+
+    def build_torch_weights(self) -> None:
+        """The backbone (from `config.backbone_config`) and the pooler (`config.pooling`)."""
+        try:  # BERT-style poolers are never used: leave them out (DDP needs every parameter used)
+            self.backbone = AutoModel.from_config(self.config.backbone_config, add_pooling_layer=False)
+        except TypeError:
+            self.backbone = AutoModel.from_config(self.config.backbone_config)
+        self.pooler = POOLERS[self.config.pooling](self.config)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, backend: str = "torch", **kwargs):
@@ -249,9 +263,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         `file_name` / `provider` / `num_threads` options (see onnx_backend.py)."""
         if backend == "torch":
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        from .onnx_backend import load_onnx_model
-
-        return load_onnx_model(pretrained_model_name_or_path, *model_args, backend=backend, **kwargs)
+        return load_onnx_model(LMKOnnxModel, pretrained_model_name_or_path, *model_args, backend=backend, **kwargs)
 
     # ---- forward ------------------------------------------------------------------------------
 
@@ -268,6 +280,14 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
 
         With `window_document` [R] (rows are windows of documents, `long_input="windows"`), the
         embeddings are per document, [documents, D], and `last_hidden_state` stays per row."""
+        embeddings, hidden_states = self.embed_rows(input_ids, attention_mask, landmark_mask, inputs_embeds, **kwargs)
+        if window_document is not None:
+            embeddings = combine_windows(embeddings, landmark_mask, window_document)
+        return LMKOutput(embeddings=embeddings, last_hidden_state=hidden_states)
+
+    def embed_rows(self, input_ids=None, attention_mask=None, landmark_mask=None, inputs_embeds=None,
+                   **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the weights compute, row by row: -> (pooled embeddings [B, D], last_hidden_state [B, T, D])."""
         if attention_mask is None:
             reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
             attention_mask = torch.ones(reference.shape[:2], dtype=torch.long, device=reference.device)
@@ -279,10 +299,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         hidden_states = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
         ).last_hidden_state
-        embeddings = self.pooler(hidden_states, attention_mask, landmark_mask)
-        if window_document is not None:
-            embeddings = combine_windows(embeddings, landmark_mask, window_document)
-        return LMKOutput(embeddings=embeddings, last_hidden_state=hidden_states)
+        return self.pooler(hidden_states, attention_mask, landmark_mask), hidden_states
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -481,4 +498,66 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         return [(torch.cat(parts), spans) for parts, spans in zip(per_text, batch.spans)], truncated
 
 
-__all__ = ["LMKModel", "LMKPreTrainedModel", "LMKOutput", "LMKRequest", "POOLERS", "combine_windows"]
+class LMKOnnxModel(LMKModel):
+    """`LMKModel` whose rows run an exported graph on ONNX Runtime (`OnnxGraph`, onnx_backend.py):
+    inference only, CPU tensors in and out. `LMKModel.from_pretrained(..., backend="onnx")` builds it.
+
+    Everything else is LMKModel's: the config, the tokenizer (loaded from the checkpoint on first use),
+    `encode()` with its options and batching, `prepare_features`, the sentence-transformers module's
+    calls, `forward` (windows included). It holds no torch weights (`build_weights=False`); training,
+    saving and moving it to another device are refused.
+    """
+
+    def __init__(self, config: LMKConfig, graph: OnnxGraph):
+        super().__init__(config, build_weights=False)  # the graph stands for the weights
+        self.graph = graph
+        self.eval()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`load_onnx_model` (this class is never loaded from torch weights)."""
+        return load_onnx_model(cls, pretrained_model_name_or_path, *model_args, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def max_positions(self) -> int | None:
+        return self.graph.max_positions()
+
+    def to(self, *args, **kwargs):
+        """Only the CPU (where the session's tensors live); the execution provider is `provider=` at load."""
+        for value in (*args, kwargs.get("device")):
+            if value is None or isinstance(value, torch.dtype):
+                if value not in (None, torch.float32):
+                    raise ValueError(f"backend='onnx' runs the graph's own dtype (float32 in and out), not {value}.")
+                continue
+            if torch.device(value).type != "cpu":
+                raise ValueError(f"backend='onnx' takes CPU tensors, not device {value!r}; the execution provider is "
+                                 "chosen at load (`provider=`).")
+        return self
+
+    def train(self, mode: bool = True):
+        if mode:
+            raise RuntimeError("backend='onnx' is for inference only: load the checkpoint without `backend` to train it.")
+        return super().train(False)
+
+    def save_pretrained(self, *args, **kwargs):
+        raise NotImplementedError("backend='onnx' holds no torch weights to save: load the checkpoint without `backend` "
+                                  "to save it, and write its graphs with `lmk-embed export-onnx`.")
+
+    def embed_rows(self, input_ids=None, attention_mask=None, landmark_mask=None, inputs_embeds=None,
+                   **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] -> (pooled [B, D], last_hidden_state [B, T, D]), from the graph."""
+        if inputs_embeds is not None or input_ids is None:
+            raise ValueError("backend='onnx' takes `input_ids` (the graph embeds them itself), not `inputs_embeds`.")
+        if kwargs.get("position_ids") is not None:
+            raise ValueError("backend='onnx' computes position ids inside the graph: do not pass `position_ids`.")
+        return self.graph.embed_rows(input_ids, attention_mask, landmark_mask)
+
+
+__all__ = ["LMKModel", "LMKOnnxModel", "LMKPreTrainedModel", "LMKOutput", "LMKRequest", "POOLERS", "combine_windows"]

@@ -21,16 +21,15 @@ loading a graph from a folder whose weights have changed since is refused (`stal
 only warns), as `lmk-embed push` refuses to publish one.
 
 Loading: `AutoModel.from_pretrained(x, trust_remote_code=True, backend="onnx")` (`file_name=`
-picks the int8 graph) returns an `LMKOnnxModel`: the checkpoint's config and tokenizer, LMKModel's
-`encode()` / `encode_query()` / `prepare_features()`, and an `onnxruntime.InferenceSession` in place
-of the torch weights, which are never loaded. onnxruntime is imported only here, when that backend is
-asked for.
+picks the int8 graph) returns an `LMKOnnxModel` (modeling_lmk.py): the checkpoint's config and
+tokenizer, LMKModel's `encode()` / `encode_query()` / `prepare_features()`, and an `OnnxGraph` (an
+`onnxruntime.InferenceSession` and its checks, here) in place of the torch weights, which are never
+loaded. onnxruntime is imported only here, when that backend is asked for.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
 import warnings
 from pathlib import Path
 
@@ -39,7 +38,6 @@ import torch
 
 from .configuration_lmk import LMKConfig
 from .encoding import TOKENIZER_LOADING_KWARGS, check_choice
-from .modeling_lmk import LMKModel, LMKOutput, combine_windows
 
 BACKENDS = ("torch", "onnx")
 FP32_FILE = "onnx/model.onnx"
@@ -104,30 +102,21 @@ def check_graph_weights(folder, graph_metadata: dict, file_name: str, stale_grap
 # ---- the model on ONNX Runtime ----------------------------------------------------------------------
 
 
-class LMKOnnxModel(LMKModel):
-    """`LMKModel` whose forward runs an ONNX graph on ONNX Runtime: inference only, CPU tensors in and out.
-
-    Everything else is LMKModel's: the config, the tokenizer (loaded from the checkpoint on first use),
-    `encode()` with its options and batching, `prepare_features`, the sentence-transformers module's
-    calls. It holds no torch weights: `__init__` builds no backbone, and training, saving and moving it
-    to another device are refused.
-    """
+class OnnxGraph:
+    """An exported LMK graph on an ONNX Runtime `session`, checked against `config` at load and run a
+    few rows at a time: the rows of `LMKOnnxModel` (modeling_lmk.py), which holds no torch weights.
+    This file imports no model file, so that model's file imports this one and nothing circles back."""
 
     def __init__(self, config: LMKConfig, session, file_name: str = FP32_FILE):
-        # PreTrainedModel's set-up only: LMKModel's would build the backbone's torch weights.
-        super(LMKModel, self).__init__(config)
-        config.check()
+        self.config = config
         self.session = session
         self.file_name = file_name
-        self._tokenizer = None
-        self._granularity_draws = random.Random(config.splitter_seed)
-        self.graph_metadata = dict(session.get_modelmeta().custom_metadata_map)
-        self.graph_inputs = [item.name for item in session.get_inputs()]
-        self._check_graph()
-        self.eval()
+        self.metadata = dict(session.get_modelmeta().custom_metadata_map)
+        self.inputs = [item.name for item in session.get_inputs()]
+        self.check()
 
-    def _check_graph(self) -> None:
-        info, config = self.graph_metadata, self.config
+    def check(self) -> None:
+        info, config = self.metadata, self.config
         where = f"{config.name_or_path or 'this checkpoint'}: {self.file_name}"
         if info.get("lmk_embed_format") != GRAPH_FORMAT:
             raise ValueError(f"{where} is not a graph written by export_onnx (format {info.get('lmk_embed_format')!r}, "
@@ -137,68 +126,26 @@ class LMKOnnxModel(LMKModel):
         if exported != expected:
             raise ValueError(f"{where} was exported with (pooling, normalize, dim) = {exported}, but config.json says "
                              f"{expected}; export it again with `lmk-embed export-onnx`.")
-        missing = [name for name in INPUT_NAMES[:2] if name not in self.graph_inputs]
+        missing = [name for name in INPUT_NAMES[:2] if name not in self.inputs]
         if missing or not set(OUTPUT_NAMES) <= {item.name for item in self.session.get_outputs()}:
             raise ValueError(f"{where} lacks the inputs {missing} or the outputs {list(OUTPUT_NAMES)}.")
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`load_onnx_model` (this class is never loaded from torch weights)."""
-        return load_onnx_model(pretrained_model_name_or_path, *model_args, **kwargs)
-
-    # ---- what a model without torch weights refuses or answers itself ----------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float32
-
     def max_positions(self) -> int | None:
         """The position limit recorded at export (`LMKModel.max_positions()` of the exported model)."""
-        limit = self.graph_metadata.get("lmk_max_positions")
+        limit = self.metadata.get("lmk_max_positions")
         return int(limit) if limit else None
 
-    def to(self, *args, **kwargs):
-        """Only the CPU (where the session's tensors live); the execution provider is `provider=` at load."""
-        for value in (*args, kwargs.get("device")):
-            if value is None or isinstance(value, torch.dtype):
-                if value not in (None, torch.float32):
-                    raise ValueError(f"backend='onnx' runs the graph's own dtype (float32 in and out), not {value}.")
-                continue
-            if torch.device(value).type != "cpu":
-                raise ValueError(f"backend='onnx' takes CPU tensors, not device {value!r}; the execution provider is "
-                                 "chosen at load (`provider=`).")
-        return self
-
-    def train(self, mode: bool = True):
-        if mode:
-            raise RuntimeError("backend='onnx' is for inference only: load the checkpoint without `backend` to train it.")
-        return super().train(False)
-
-    def save_pretrained(self, *args, **kwargs):
-        raise NotImplementedError("backend='onnx' holds no torch weights to save: load the checkpoint without `backend` "
-                                  "to save it, and write its graphs with `lmk-embed export-onnx`.")
-
-    # ---- forward -------------------------------------------------------------------------------
-
-    def forward(self, input_ids=None, attention_mask=None, landmark_mask=None, inputs_embeds=None,
-                window_document=None, **kwargs) -> LMKOutput:
-        """input_ids / attention_mask / landmark_mask: [B, T] -> LMKOutput(embeddings [B, D],
-        last_hidden_state [B, T, D]), from one `session.run`. Position ids come from the graph itself.
-        With `window_document` [B] (windows of documents), embeddings are per document, as in LMKModel."""
-        if inputs_embeds is not None or input_ids is None:
-            raise ValueError("backend='onnx' takes `input_ids` (the graph embeds them itself), not `inputs_embeds`.")
-        if kwargs.get("position_ids") is not None:
-            raise ValueError("backend='onnx' computes position ids inside the graph: do not pass `position_ids`.")
+    def embed_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   landmark_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids / attention_mask / landmark_mask: [B, T] -> (pooled [B, D], last_hidden_state
+        [B, T, D]), from `session.run` on a few rows at a time (`runs`). The graph computes the position
+        ids itself."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        if landmark_mask is None and "landmark_mask" in self.graph_inputs:
+        if landmark_mask is None and "landmark_mask" in self.inputs:
             raise ValueError(f"`landmark_mask` is required for pooling={self.config.pooling!r}; use LMKTokenizer.")
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "landmark_mask": landmark_mask}
-        arrays = {name: given[name].detach().cpu().numpy().astype(np.int64, copy=False) for name in self.graph_inputs}
+        arrays = {name: given[name].detach().cpu().numpy().astype(np.int64, copy=False) for name in self.inputs}
         rows, width = arrays["input_ids"].shape
         lengths = arrays["attention_mask"].sum(-1)
         pooled = np.empty((rows, self.config.embedding_dim), dtype=np.float32)
@@ -207,10 +154,7 @@ class LMKOnnxModel(LMKModel):
             used = max(int(lengths[start:stop].max()), 1)  # right padding: later columns are padding in every row
             feeds = {name: array[start:stop, :used] for name, array in arrays.items()}
             pooled[start:stop], hidden[start:stop, :used] = self.session.run(["pooled", "last_hidden_state"], feeds)
-        embeddings = torch.from_numpy(pooled)
-        if window_document is not None:
-            embeddings = combine_windows(embeddings, landmark_mask, window_document)
-        return LMKOutput(embeddings=embeddings, last_hidden_state=torch.from_numpy(hidden))
+        return torch.from_numpy(pooled), torch.from_numpy(hidden)
 
     def runs(self, lengths: np.ndarray) -> list[tuple[int, int]]:
         """[start, stop) row ranges of one batch (row lengths `lengths` [B]), each run holding at most
@@ -241,10 +185,11 @@ def make_session_options(ort, num_threads: int | None = None):
     return options
 
 
-def load_onnx_model(pretrained_model_name_or_path, *model_args, backend: str = "onnx", file_name: str = FP32_FILE,
-                    provider: str = "CPUExecutionProvider", num_threads: int | None = None, session_options=None,
-                    config: LMKConfig | None = None, stale_graph: str = "error", **kwargs) -> LMKOnnxModel:
-    """An LMK checkpoint (folder or Hub id) on ONNX Runtime: `file_name` is the graph in the checkpoint
+def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_args, backend: str = "onnx",
+                    file_name: str = FP32_FILE, provider: str = "CPUExecutionProvider", num_threads: int | None = None,
+                    session_options=None, config: LMKConfig | None = None, stale_graph: str = "error", **kwargs):
+    """An LMK checkpoint (folder or Hub id) on ONNX Runtime: `model_class(config, OnnxGraph(...))`
+    (`LMKOnnxModel`, which `LMKModel.from_pretrained(backend="onnx")` passes in). `file_name` is the graph in the checkpoint
     (`onnx/model.onnx`, or `onnx/model_qint8.onnx`), `provider` the execution provider, `num_threads`
     the intra-op threads (or `session_options`, an `onnxruntime.SessionOptions`). The Hub arguments
     (revision, cache_dir, token, local_files_only, subfolder, ...) locate the graph, the config and the
@@ -275,14 +220,14 @@ def load_onnx_model(pretrained_model_name_or_path, *model_args, backend: str = "
     if path is None:
         raise OSError(f"{pretrained_model_name_or_path!r} has no {file_name}: export it with `lmk-embed export-onnx CHECKPOINT`.")
     options = session_options if session_options is not None else make_session_options(ort, num_threads)
-    session = ort.InferenceSession(str(path), options, providers=[provider])
-    model = LMKOnnxModel(config, session, file_name=file_name)
+    graph = OnnxGraph(config, ort.InferenceSession(str(path), options, providers=[provider]), file_name)
     local = Path(pretrained_model_name_or_path) / hub.get("subfolder", "")
     if local.is_dir():
-        check_graph_weights(local, model.graph_metadata, file_name, stale_graph)
+        check_graph_weights(local, graph.metadata, file_name, stale_graph)
+    model = model_class(config, graph)
     model._tokenizer_loading_kwargs = hub
     return model
 
 
-__all__ = ["BACKENDS", "FP32_FILE", "GRAPH_FORMAT", "STALE_GRAPH_CHOICES", "check_graph_weights", "weights_fingerprint", "INPUT_NAMES", "INSTALL_HINT", "LMKOnnxModel", "ONNX_FILES",
-           "OUTPUT_NAMES", "QUANTIZED_FILES", "load_onnx_model", "require_onnxruntime"]
+__all__ = ["BACKENDS", "FP32_FILE", "GRAPH_FORMAT", "STALE_GRAPH_CHOICES", "check_graph_weights", "weights_fingerprint", "INPUT_NAMES", "INSTALL_HINT", "ONNX_FILES",
+           "OUTPUT_NAMES", "QUANTIZED_FILES", "OnnxGraph", "load_onnx_model", "require_onnxruntime"]

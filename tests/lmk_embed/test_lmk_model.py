@@ -263,3 +263,26 @@ def test_million_character_text_is_truncated_with_one_warning(lmk_model):
     truncation = [w for w in caught if "truncated" in str(w.message)]
     assert len(truncation) == 1 and "max_length=256" in str(truncation[0].message)
     assert np.isfinite(vector).all()
+
+
+def test_a_subclass_without_torch_weights_keeps_the_shared_state(lmk_model):
+    """`build_weights=False` (the ONNX Runtime model's path) builds no backbone or pooler, the state every
+    LMKModel holds is set by LMKModel itself, and `forward` is `embed_rows` plus the window combining."""
+    from lmk_embed.modeling_lmk import LMKOnnxModel
+
+    class Rows(LMKModel):  # its rows come from elsewhere: here, from a torch model
+        def embed_rows(self, *args, **kwargs):
+            return lmk_model.embed_rows(*args, **kwargs)
+
+    bare = Rows(lmk_model.config, build_weights=False)
+    assert not hasattr(bare, "backbone") and not hasattr(bare, "pooler") and not list(bare.parameters())
+    assert bare._tokenizer is None and hasattr(bare, "_granularity_draws")  # set by LMKModel.__init__
+    windows = {"long_input": "windows", "window_length": 24, "max_length": None}
+    for options in ({}, windows):
+        features = lmk_model.prepare_features(TEXTS, **options)
+        assert ("window_document" in features) == bool(options)
+        with torch.no_grad():
+            ours, theirs = bare(**features), lmk_model(**features)
+        assert torch.equal(ours.embeddings, theirs.embeddings) and len(ours.embeddings) == len(TEXTS)
+        assert torch.equal(ours.last_hidden_state, theirs.last_hidden_state)
+    assert issubclass(LMKOnnxModel, LMKModel) and "__init__" in vars(LMKOnnxModel)

@@ -15,7 +15,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from lmk_embed import LMKModel  # noqa: E402
-from lmk_embed.onnx_backend import FP32_FILE, QUANTIZED_FILES, LMKOnnxModel  # noqa: E402
+from lmk_embed.modeling_lmk import LMKOnnxModel  # noqa: E402
+from lmk_embed.onnx_backend import FP32_FILE, QUANTIZED_FILES  # noqa: E402
 from lmk_embed_tools import cli, push  # noqa: E402
 from lmk_embed_tools.model_cards import write_card  # noqa: E402
 from tests.helpers import SAMPLE_TEXT, tiny_encoder_source  # noqa: E402
@@ -119,7 +120,7 @@ def test_the_checkpoints_own_pooling_is_exported(modernbert_source, tmp_path):
     folder = convert_to_lmk(modernbert_source, tmp_path / "mean", pooling="mean", normalize=False)
     export_onnx(folder, fuse=False)
     model, torch_model = load_onnx(folder), LMKModel.from_pretrained(folder).eval()
-    assert model.graph_inputs == ["input_ids", "attention_mask"]
+    assert model.graph.inputs == ["input_ids", "attention_mask"]
     ours = model.encode(TEXTS)
     assert np.abs(ours - torch_model.encode(TEXTS)).max() <= 1e-4
     assert not np.allclose(np.linalg.norm(ours, axis=-1), 1.0)
@@ -143,7 +144,7 @@ def test_sentence_transformers_backend_onnx(exported):
 
 def test_a_checkpoint_ships_the_runtime_and_no_export_code(exported):
     shipped = (exported / "onnx_backend.py").read_text()
-    assert "class LMKOnnxModel" in shipped
+    assert "class OnnxGraph" in shipped and "class LMKOnnxModel" in (exported / "modeling_lmk.py").read_text()
     assert not any(word in shipped for word in ("def export_onnx", "def quantize_graph", "import onnx\n", "torch.onnx.export("))
 
 
