@@ -377,7 +377,6 @@ class RecurrentOutput(ModelOutput):
     """embeddings: [B, D] float32 final-layer states at EOS (not normalised)."""
 
     embeddings: torch.Tensor | None = None
-    last_hidden_state: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -112,9 +112,11 @@ class EmbedderModule(InputModule):
         options = {name: kwargs[name] for name in self.model.forward_options if kwargs.get(name) is not None}
         output = self.model(**inputs, **options)
         features["sentence_embedding"] = output.embeddings
-        # Windows (LMK `long_input="windows"`) give per-row states, not per text: no token embeddings then.
-        if output.last_hidden_state is not None and "window_document" not in inputs:
-            features["token_embeddings"] = output.last_hidden_state
+        # LMK gives token states, except in windows (per row, not per text); recurrent models give none
+        # (the vertical schedule keeps only each layer's state, never every token's).
+        states = getattr(output, "last_hidden_state", None)
+        if states is not None and "window_document" not in inputs:
+            features["token_embeddings"] = states
         return features
 
     def save(self, output_path: str, *args, **kwargs) -> None:

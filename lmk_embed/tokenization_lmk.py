@@ -404,14 +404,9 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         return int(token_id)
 
     def _landmark_option(self) -> str:
-        """`lmk_landmark`; checkpoints written before the rename stored `lmk_landmark_token`, which
-        transformers moves into `model_specific_special_tokens` on load."""
-        legacy = self.init_kwargs.get("model_specific_special_tokens") or {}
-        for value in (self.init_kwargs.get("lmk_landmark"), legacy.get("lmk_landmark_token"),
-                      self.init_kwargs.get("lmk_landmark_token")):
-            if value is not None:
-                return str(value)
-        return "sep"
+        """`lmk_landmark` of tokenizer_config.json (default "sep")."""
+        value = self.init_kwargs.get("lmk_landmark")
+        return "sep" if value is None else str(value)
 
     @property
     def start_token_id(self) -> int | None:

@@ -62,10 +62,7 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
 
     @property
     def add_bos(self) -> bool:
-        value = self.init_kwargs.get("rec_add_bos")
-        if value is None:  # the option's name in checkpoints written before the rename
-            value = self.init_kwargs.get("rec_add_bos_token")
-        return bool(value or False)
+        return bool(self.init_kwargs.get("rec_add_bos") or False)
 
     @property
     def eos_id(self) -> int:

@@ -3,7 +3,7 @@
 1. Build documentation corpora from eight families of installed packages (summary line -> page),
    offline: five train the model, two (scipy/scikit-learn, sympy/networkx) are never trained on and
    score it out of domain, and held-out stdlib modules score it in domain. The eighth (ray, pytest,
-   ...) is neither trained on nor a test: it chooses between recipes (--ablate, --validate).
+   ...) is neither trained on nor a test: it chooses between recipes (`demo ablate`, `demo validate`).
 2. Draw training rows evenly from the training sources (hard negatives are mined with BM25 when the
    recipe asks for them; the chosen recipe uses in-batch negatives only), and embed every text of
    every row with the untouched base model (all-MiniLM-L6-v2, mean pooling): its vectors are distilled.
@@ -268,7 +268,7 @@ def report(rows: list[dict], folder: Path, stem: str) -> None:
 
     for metric in METRICS:
         say("\n" + format_table(rows, metric))
-    lines = verdicts(rows)  # none where no row is "trained LMK" (--validate names its rows by run)
+    lines = verdicts(rows)  # none where no row is "trained LMK" (validate names its rows by run)
     if lines:
         say("\nVerdict at 512 tokens (nDCG@10; the difference, and its 95% paired bootstrap interval over queries):")
     for line in lines:
@@ -339,7 +339,7 @@ print(json.dumps({{"shape": list(d.shape), "scores": model.similarity(q, d)[0].t
     return dict(json.loads(result.stdout.strip().splitlines()[-1]), revision=revision)
 
 
-# ---- one lever of the recipe changed (--ablate) ------------------------------------------------------
+# ---- one lever of the recipe changed (`demo ablate`) ------------------------------------------------------
 
 
 
@@ -347,7 +347,7 @@ def parse_override(text: str, recipe: dict) -> tuple[str, object]:
     """"KEY=VALUE" -> (KEY, VALUE as a Python literal, else the string); KEY must be a RECIPE field."""
     key, sep, value = text.partition("=")
     if not sep or key not in recipe:
-        raise SystemExit(f"--ablate takes KEY=VALUE with KEY one of {sorted(recipe)}, got {text!r}")
+        raise SystemExit(f"demo ablate takes KEY=VALUE with KEY one of {sorted(recipe)}, got {text!r}")
     try:
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -401,11 +401,11 @@ def against_recipe(rows: list[dict], recipe_rows: list[dict]) -> list[str]:
     return lines
 
 
-# ---- the trained checkpoints on larger splits (--rescore) ----------------------------------------------
+# ---- the trained checkpoints on larger splits (`demo rescore`) ----------------------------------------------
 
 
 def rescore(queries: int, out_dir: Path) -> int:
-    """The checkpoints a run left in `out_dir` (trained LMK and CLS, or LMK alone after --ablate), scored
+    """The checkpoints a run left in `out_dir` (trained LMK and CLS, or LMK alone after `demo ablate`), scored
     again on larger splits (up to `queries` queries each, every class and function page when the
     source has fewer) against the base at 256 and 512 tokens, with the verdicts and their intervals:
     more queries, narrower intervals."""
@@ -415,9 +415,9 @@ def rescore(queries: int, out_dir: Path) -> int:
     from lmk_embed_tools.training.corpora import build_corpus, evaluation_splits
 
     folders = {name: out_dir / f"run-{name}" / "final" for name in ("lmk", "cls")}
-    trained = {name: path for name, path in folders.items() if (path / "config.json").is_file()}  # --ablate trains LMK only
+    trained = {name: path for name, path in folders.items() if (path / "config.json").is_file()}  # ablate trains LMK only
     if not trained:
-        raise SystemExit(f"--rescore needs the trained checkpoints of a finished run; found neither "
+        raise SystemExit(f"demo rescore needs the trained checkpoints of a finished run; found neither "
                          f"{' nor '.join(str(path) for path in folders.values())}")
     splits = evaluation_splits(build_corpus(out_dir.parent / "corpora"), max_queries=queries, in_domain_queries=queries)
     for split in splits:
@@ -429,7 +429,7 @@ def rescore(queries: int, out_dir: Path) -> int:
 
 
 def validate(run_dirs: list[Path], out_dir: Path) -> int:
-    """The trained LMK checkpoints of finished runs (`make demo`'s, or --ablate's) on every class and
+    """The trained LMK checkpoints of finished runs (`make demo`'s, or `demo ablate`'s) on every class and
     function page of the validation source at 512 tokens, next to the base at 256 and 512, and each
     set against the first run's with the 95% paired bootstrap interval of the difference. Its packages
     are neither trained on nor tested on, so this is the split that chooses a recipe for
@@ -443,10 +443,10 @@ def validate(run_dirs: list[Path], out_dir: Path) -> int:
     for run in run_dirs:
         path = run / "run-lmk" / "final"
         if not (path / "config.json").is_file():
-            raise SystemExit(f"--validate: {run} holds no trained LMK checkpoint (no {path / 'config.json'})")
+            raise SystemExit(f"demo validate: {run} holds no trained LMK checkpoint (no {path / 'config.json'})")
         name = f"trained LMK, {run.name}"
         if name in checkpoints:
-            raise SystemExit(f"--validate: two runs are named {run.name!r}; their rows would be one")
+            raise SystemExit(f"demo validate: two runs are named {run.name!r}; their rows would be one")
         checkpoints[name] = path
     split = validation_split(build_corpus(out_dir.parent / "corpora"))
     say(f"  validation split {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
@@ -468,70 +468,98 @@ def validate(run_dirs: list[Path], out_dir: Path) -> int:
 def compare_results(new: Path, old: Path) -> int:
     """Each trained row of the results file `new` against the row of the same model, split and max
     length in `old`, both written with per-query scores on the same pages (for example a recipe change
-    rescored with --rescore against the recipe's own rescore): the difference, with its 95% paired
+    rescored with `demo rescore` against the recipe's own rescore): the difference, with its 95% paired
     bootstrap interval over queries."""
     rows = {}
     for label, path in (("new", new), ("old", old)):
         if not path.is_file():
-            raise SystemExit(f"--compare: the {label} results file {path} does not exist")
+            raise SystemExit(f"demo compare: the {label} results file {path} does not exist")
         rows[label] = json.loads(path.read_text())
     previous = {(r["model"], r["split"], r["max_length"]): r for r in rows["old"]}
     pairs = [(r, previous[key]) for r in rows["new"]
              if r["model"].startswith("trained ") and (key := (r["model"], r["split"], r["max_length"])) in previous]
     if not pairs:
-        raise SystemExit(f"--compare: no trained row of {new} has a row of the same model, split and max length in {old}")
+        raise SystemExit(f"demo compare: no trained row of {new} has a row of the same model, split and max length in {old}")
     say(f"nDCG@10 of {new} against {old} (the difference, and its 95% paired bootstrap interval over queries):")
     for row, rival in pairs:
         try:
             _, text = difference_text(row, rival)
         except ValueError as error:  # another sample of pages, or rows without per-query scores
-            raise SystemExit(f"--compare: {error}") from None
+            raise SystemExit(f"demo compare: {error}") from None
         say(f"  {row['model']}@{row['max_length']}, {row['split']}: {text}")
     return 0
 
 
-# ---- main -------------------------------------------------------------------------------------------
+# ---- the command (`lmk-embed demo [MODE]`) ---------------------------------------------------------
+
+DEMO_HELP = "The main job: corpora, fine-tuning, evaluation, cards, dry-run publishing (modes: ablate, rescore, compare, validate)."
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The whole job, or one of its modes. --budget, --out and --steps go before or after the mode."""
+    from lmk_embed_tools.commandline import positive_int
+
+    def run_options(target: argparse.ArgumentParser, **defaults) -> None:
+        target.add_argument("--budget", choices=sorted(BUDGETS), help="demo (18-30 min on 2 cores) or full (1 hour)",
+                            **({"default": defaults["budget"]} if defaults else {}))
+        target.add_argument("--out", help="where data, checkpoints and results go (default: runs/<budget>; "
+                            "validate: runs/validation)", **({"default": None} if defaults else {}))
+        target.add_argument("--steps", type=positive_int, help="training steps per model (default: the budget's)",
+                            **({"default": None} if defaults else {}))
+
+    run_options(parser, budget="demo")
+    shared = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)  # given after the mode
+    run_options(shared)
+    modes = parser.add_subparsers(dest="mode", metavar="MODE", parser_class=type(parser))
+    ablate_mode = modes.add_parser("ablate", parents=[shared], help="train LMK only with these RECIPE changes, "
+                                   "score it at 512 tokens, and add it to runs/ablation_results.json")
+    ablate_mode.add_argument("changes", nargs="+", metavar="KEY=VALUE")
+    rescore_mode = modes.add_parser("rescore", parents=[shared], help="score the trained checkpoints of a finished run "
+                                    "(in --out) again on splits of up to QUERIES queries each, against the base at 256 "
+                                    "and 512 tokens")
+    rescore_mode.add_argument("queries", type=positive_int, metavar="QUERIES")
+    compare_mode = modes.add_parser("compare", help="each trained row of the results file NEW against the same row "
+                                    "of OLD (both from rescore on the same pages), with paired bootstrap intervals")
+    compare_mode.add_argument("new", metavar="NEW")
+    compare_mode.add_argument("old", metavar="OLD")
+    validate_mode = modes.add_parser("validate", parents=[shared], help="score the trained LMK checkpoint of each "
+                                     "finished run folder (runs/demo, runs/ablation-...) on the validation split, "
+                                     "against the base and the first run")
+    validate_mode.add_argument("runs", nargs="+", metavar="RUN")
+
+
+def add_demo_command(subparsers) -> None:
+    parser = subparsers.add_parser("demo", help=DEMO_HELP, description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_demo_arguments(parser)
+    parser.set_defaults(handler=run_demo)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo", help="demo (18-30 min on 2 cores) or full (1 hour)")
-    parser.add_argument("--out", default=None, help="where data, checkpoints and results go (default: runs/<budget>)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per model (default: the budget's)")
-    parser.add_argument("--ablate", nargs="+", default=None, metavar="KEY=VALUE",
-                        help="instead: train LMK only with these RECIPE changes, score it at 512 tokens, and add it "
-                             "to runs/ablation_results.json")
-    parser.add_argument("--rescore", type=int, default=None, metavar="QUERIES",
-                        help="instead: score the trained checkpoints of a finished run (in --out) again on splits of "
-                             "up to QUERIES queries each, against the base at 256 and 512 tokens")
-    parser.add_argument("--compare", nargs=2, default=None, metavar=("NEW", "OLD"),
-                        help="instead: each trained row of the results file NEW against the same row of OLD "
-                             "(both from --rescore on the same pages), with paired bootstrap intervals")
-    parser.add_argument("--validate", nargs="+", default=None, metavar="RUN",
-                        help="instead: score the trained LMK checkpoint of each finished run folder (runs/demo, "
-                             "runs/ablation-...) on the validation split, against the base and the first run; "
-                             "results go to --out (default runs/validation)")
-    args = parser.parse_args(argv)
+    from lmk_embed_tools.commandline import OneLineParser
+
+    parser = OneLineParser(prog="lmk-embed demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_demo_arguments(parser)
+    return run_demo(parser.parse_args(argv))
+
+
+def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from lmk_embed_tools.training.recipe import RECIPE
 
     budget = dict(BUDGETS[args.budget])
     if args.steps is not None:
-        if args.steps <= 0:
-            parser.error(f"--steps must be a positive integer, got {args.steps}")
         budget["steps"] = args.steps
     out_dir = Path(args.out or f"runs/{args.budget}").resolve()
-    if args.validate:
-        return validate([Path(path).resolve() for path in args.validate], Path(args.out or "runs/validation").resolve())
-    if args.compare:
-        return compare_results(*(Path(path) for path in args.compare))
-    if args.rescore is not None:
-        if args.rescore <= 0:
-            parser.error(f"--rescore must be a positive number of queries, got {args.rescore}")
-        return rescore(args.rescore, out_dir)
-    if args.ablate:
-        return ablate(args.ablate, budget, out_dir.parent)
+    if args.mode == "validate":
+        return validate([Path(path).resolve() for path in args.runs], Path(args.out or "runs/validation").resolve())
+    if args.mode == "compare":
+        return compare_results(Path(args.new), Path(args.old))
+    if args.mode == "rescore":
+        return rescore(args.queries, out_dir)
+    if args.mode == "ablate":
+        return ablate(args.changes, budget, out_dir.parent)
     start = time.perf_counter()
 
     def lap(stage: str) -> None:

@@ -27,6 +27,13 @@ OPSET = 17
 FUSED_BACKBONES = ("bert", "roberta", "xlm-roberta")
 # Largest difference allowed between the exported fp32 graph and the torch model on the export's check.
 EXPORT_TOLERANCE = 1e-4
+# Why recurrent checkpoints are not exported (docs/onnx.md says more).
+RECURRENT_ONNX_REFUSAL = (
+    "ONNX export is for LMK checkpoints; recurrent checkpoints are refused: their vertical schedule is a "
+    "Python loop over blocks that carries each layer's conv and SSM state, which a traced graph would unroll "
+    "for one length, and their CPU time is the scan's own products and elementwise passes, which ONNX Runtime "
+    "has no fused kernel for. Run them on torch (see docs/onnx.md)"
+)
 _PROBE_TEXTS = [
     "The json module exposes an API familiar to users of the marshal and pickle modules. " * 6,
     "Zip archives: read and write ZIP files.",
@@ -125,9 +132,10 @@ def export_onnx(checkpoint, quantize: str | None = None, opset: int = OPSET, fus
     folder = Path(checkpoint)
     config_file = folder / "config.json"
     family = json.loads(config_file.read_text()).get("model_type") if config_file.is_file() else None
+    if family == "recurrent_embedder":
+        raise ValueError(f"`checkpoint` {str(folder)!r} is a recurrent checkpoint. {RECURRENT_ONNX_REFUSAL}")
     if family != LMKConfig.model_type:
-        raise ValueError(f"`checkpoint` {str(folder)!r} is not an LMK checkpoint folder (model_type {family!r}): only LMK "
-                         "checkpoints are exported; recurrent ones run on torch (their block loop carries state).")
+        raise ValueError(f"`checkpoint` {str(folder)!r} is not an LMK checkpoint folder (config.json model_type {family!r})")
     ort, onnx = require_onnxruntime(), require_onnx()
     model = LMKModel.from_pretrained(folder, attn_implementation="eager").eval()
     weights = weights_fingerprint(folder)
@@ -220,3 +228,32 @@ def quantize_graph(source: Path, target: Path, metadata: dict[str, str]) -> Path
 
 
 __all__ = ["EmbeddingGraph", "export_onnx", "graph_metadata", "quantize_graph", "require_onnx", "weights_fingerprint"]
+
+
+# ---- the command (`lmk-embed export-onnx`) ------------------------------------------------------------
+
+def add_export_onnx_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export-onnx", help="Write an LMK checkpoint's ONNX graphs (onnx/model.onnx; int8 too with --quantize int8).")
+    parser.add_argument("checkpoint", help="an LMK checkpoint folder; the graphs are written into its onnx/ folder")
+    parser.add_argument("--quantize", default=None, choices=["int8"],
+                        help="also write onnx/model_qint8.onnx (dynamic int8 quantisation of the linear layers)")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="keep plain ONNX operators: no ONNX Runtime attention / LayerNorm / GELU fusions")
+    parser.set_defaults(handler=run_export_onnx)
+
+
+def run_export_onnx(args) -> int:
+    from lmk_embed_tools.commandline import UsageError, check_checkpoint_folder
+
+    folder = check_checkpoint_folder(args.checkpoint)
+    try:
+        written = export_onnx(folder, quantize=args.quantize, fuse=not args.no_fuse)
+    except (ImportError, ValueError) as error:  # not an LMK checkpoint, or onnx missing: the message names it
+        raise UsageError(str(error)) from None
+    for kind, path in written.items():
+        print(f"{kind}: {path} ({path.stat().st_size / 2**20:.1f} MB)")
+    print("Load with AutoModel.from_pretrained(CHECKPOINT, trust_remote_code=True, backend='onnx') or "
+          "SentenceTransformer(CHECKPOINT, trust_remote_code=True, backend='onnx'); `lmk-embed card` lists the "
+          "graphs in the model card.")
+    return 0

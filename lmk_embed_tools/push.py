@@ -648,6 +648,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def add_push_command(subparsers) -> None:
+    parser = subparsers.add_parser("push", help="Stage, validate and upload a checkpoint: lmk-embed push CHECKPOINT REPO_ID ...")
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmk-embed push", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     return add_arguments(parser)

@@ -115,19 +115,39 @@ def record_and_stage(student_dir: Path, rows: list[dict], out_dir: Path) -> Path
     return stage_dir
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lmk-embed train-student", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+# ---- the command (`lmk-embed train-student`) ------------------------------------------------------
+
+
+def add_train_student_arguments(parser: argparse.ArgumentParser) -> None:
+    from lmk_embed_tools.commandline import positive_int
+
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo",
                         help="demo (minutes) or full (one epoch of every row: about 90 minutes on 2 cores)")
     parser.add_argument("--out", default=None, help="where rows, checkpoints and results go (default: runs/student-<budget>)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the budget's)")
+    parser.add_argument("--steps", type=positive_int, default=None, help="training steps (default: the budget's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rows' sample, the student's init and training")
-    args = parser.parse_args(argv)
+
+
+def add_train_student_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train-student", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="The recurrent student of MiniLM, end to end: rows, training, evaluation, card, dry-run publishing.")
+    add_train_student_arguments(parser)
+    parser.set_defaults(handler=run_train_student)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lmk_embed_tools.commandline import OneLineParser
+
+    parser = OneLineParser(prog="lmk-embed train-student", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_student_arguments(parser)
+    return run_train_student(parser.parse_args(argv))
+
+
+def run_train_student(args: argparse.Namespace) -> int:
     budget = dict(BUDGETS[args.budget])
     if args.steps is not None:
-        if args.steps <= 0:
-            parser.error(f"--steps must be a positive integer, got {args.steps}")
         budget["steps"] = args.steps
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

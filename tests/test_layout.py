@@ -14,18 +14,21 @@ TOOLS = "lmk_embed_tools"
 # Our units (the shipped package, the tooling package's parts, the benchmarks) and the ones each may import.
 ALLOWED_IMPORTS = {
     "lmk_embed": set(),
+    f"{TOOLS}.commandline": set(),  # what every subcommand shares: any job's module may hold its command
     f"{TOOLS}.compat": {"lmk_embed"},  # the one door into other libraries' internals (the shipped error class)
-    f"{TOOLS}.onnx_export": {"lmk_embed"},  # writes the graphs the shipped runtime reads
-    f"{TOOLS}.model_cards": {"lmk_embed"},
+    f"{TOOLS}.onnx_export": {"lmk_embed", f"{TOOLS}.commandline"},  # writes the graphs the shipped runtime reads
+    f"{TOOLS}.model_cards": {"lmk_embed", f"{TOOLS}.commandline"},
     f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat"},
-    f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation", f"{TOOLS}.compat"},  # evaluation: the split type
+    # evaluation: the split type
+    f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation", f"{TOOLS}.compat", f"{TOOLS}.commandline"},
+    f"{TOOLS}.evaluation_jobs": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "commandline")},
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards", f"{TOOLS}.onnx_export"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
-    f"{TOOLS}.corpus": {f"{TOOLS}.compat"},
-    f"{TOOLS}.cli": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "corpus", "demo",
-                                                           "student_demo", "onnx_export"))},
-    f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push"))},
-    f"{TOOLS}.student_demo": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push")},
+    f"{TOOLS}.corpus": {f"{TOOLS}.compat", f"{TOOLS}.commandline"},
+    f"{TOOLS}.cli": {f"{TOOLS}.{p}" for p in ("commandline", "training", "model_cards", "push", "evaluation_jobs", "corpus",
+                                              "onnx_export", "demo", "student_demo")},
+    f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline"))},
+    f"{TOOLS}.student_demo": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline")},
     f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation"},
     "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push",
                                                           "onnx_export"))},
@@ -102,6 +105,41 @@ def relative_imports(path: Path) -> set[str]:
     return names
 
 
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (file -> the files it imports) as [a, b, ..., a], or None when it has none."""
+    state = {}  # "open" while on the current path, "done" once every path from it was walked
+
+    def walk(node, path):
+        state[node] = "open"
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state and (found := walk(target, path + [target])):
+                return found
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := walk(start, [start])):
+            return found
+    return None
+
+
+def test_import_cycle_names_a_cycle_or_none():
+    assert import_cycle({"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}}) == ["a.py", "b.py", "c.py", "a.py"]
+    assert import_cycle({"a.py": {"a.py"}}) == ["a.py", "a.py"]
+    assert import_cycle({"a.py": {"b.py", "c.py"}, "b.py": {"c.py"}, "c.py": set()}) is None
+
+
+def test_shipped_files_do_not_import_each_other_in_a_circle():
+    """The shipped files' relative imports, those inside functions included (transformers' remote-code
+    loader copies those too), form no cycle: a circle means two files that can only be read, changed and
+    loaded together, and an import order that works only by accident of which one Python meets first."""
+    graph = {path.name: relative_imports(path) for path in lmk_embed.shipped_files()}
+    cycle = import_cycle(graph)
+    assert cycle is None, "the shipped files import each other in a circle: " + " -> ".join(cycle)
+
+
 @pytest.mark.parametrize("family", sorted(lmk_embed.AUTO_MAPS))
 def test_a_family_ships_every_file_its_files_import(family):
     """Closed under relative imports: a checkpoint's code imports nothing the checkpoint lacks. It also
@@ -165,3 +203,18 @@ def test_optional_runtimes_are_imported_lazily_inside_try_and_only_by_their_file
             assert unit in LAZY_IMPORTS.get(path.name, set()), f"{path.name} imports {unit}"
             assert in_function and in_try, f"{path.name} imports {unit} outside a function's try block"
     assert seen == optional  # the allowance is used, so it stays no wider than needed
+
+
+LONGEST_FUNCTION_BODY = 80  # lines, docstring and signature aside: longer ones are split into named steps
+
+
+def test_no_function_body_is_longer_than_a_screen():
+    too_long = []
+    for path in [*lmk_embed.shipped_files(), *sorted((ROOT / TOOLS).rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            if body and node.end_lineno - body[0].lineno + 1 > LONGEST_FUNCTION_BODY:
+                too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not too_long, too_long

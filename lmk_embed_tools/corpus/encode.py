@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+from lmk_embed_tools.commandline import check_positive_int
+
 from . import shards as shard_files
 from .inputs import CorpusInputError, check_sources, resolve_sources
 
@@ -29,12 +31,6 @@ class CorpusArgumentError(ValueError):
     a prompt the model lacks. The message names the argument."""
 
 
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise CorpusArgumentError(f"`{name}` must be a positive integer, got {value!r}")
-    return value
-
-
 def _choice(name: str, value, choices) -> str:
     if value not in choices:
         raise CorpusArgumentError(f"`{name}` must be one of {list(choices)}, got {value!r}")
@@ -52,9 +48,7 @@ def describe_model(model: str) -> tuple[dict, Path]:
         digest = hashlib.sha256()
         for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES):
             digest.update(file.name.encode() + b"\0")
-            with open(file, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
+            shard_files.update_digest(digest, file)
         return {"source": str(path.resolve()), "revision": None, "sha256": "sha256:" + digest.hexdigest()}, path
     if path.exists():
         raise CorpusArgumentError(f"MODEL {model!r} is a file; give the checkpoint's folder or a Hub id")
@@ -188,21 +182,9 @@ def encode_corpus(
 
     Returns the summary: {"rows", "truncated", "empty", "tokens", "shards", "shards_skipped", "shards_written"}.
     """
-    _positive("batch_size", batch_size)
-    _positive("num_workers", num_workers)
-    _positive("shard_size", shard_size)
-    if max_length is not None:
-        _positive("max_length", max_length)
-    _choice("engine", engine, ENGINES)
-    _choice("output_value", output_value, OUTPUT_VALUES)
-    _choice("dtype", dtype, DTYPES)
-    _choice("prompt_name", prompt_name, PROMPT_NAMES)
-    _choice("backend", backend, BACKENDS)
-    for name, value in (("text_field", text_field), ("id_field", id_field), ("path_field", path_field)):
-        if name == "path_field" and value is None:
-            continue
-        if not isinstance(value, str) or not value:
-            raise CorpusArgumentError(f"`{name}` must be a non-empty string, got {value!r}")
+    _check_arguments(batch_size=batch_size, num_workers=num_workers, shard_size=shard_size, max_length=max_length,
+                     engine=engine, output_value=output_value, dtype=dtype, prompt_name=prompt_name, backend=backend,
+                     text_field=text_field, id_field=id_field, path_field=path_field)
 
     output_dir = Path(output_dir)
     manifest = _check_output_dir(output_dir)
@@ -219,25 +201,14 @@ def encode_corpus(
     if backend != "torch":  # absent for torch, so manifests written before backends existed still match
         settings["backend"] = _onnx_setting(folder, onnx_file, gpus_per_worker)
     _check_model_settings(identity, folder, settings)
-    if manifest is not None:
-        differences = shard_files.setting_differences(manifest["settings"], settings)
-        if differences:
-            raise CorpusSettingsError(
-                f"OUTPUT_DIR {str(output_dir)!r} holds shards made with other settings ("
-                + "; ".join(differences) + "); use another OUTPUT_DIR, or delete this one to start over")
+    _check_same_settings(output_dir, manifest, settings)
 
     total = found["rows"]
     plan = [{"index": k, "start": start, "stop": min(start + shard_size, total)}
             for k, start in enumerate(range(0, total, shard_size))]
     output_dir.mkdir(parents=True, exist_ok=True)
     shard_files.remove_temporaries(output_dir)
-    recorded = {r["index"]: r for r in (manifest or {}).get("shards", [])}
-    done = {}
-    for shard in plan:
-        record = shard_files.verify_shard(output_dir, shard["index"], shard["stop"] - shard["start"],
-                                          recorded.get(shard["index"]))
-        if record is not None:
-            done[shard["index"]] = {"index": shard["index"], **{k: v for k, v in record.items() if k != "index"}}
+    done = _shards_already_written(output_dir, plan, manifest)
     skipped = len(done)
 
     manifest = {
@@ -263,16 +234,51 @@ def encode_corpus(
            "output_dir": str(output_dir.resolve()), "batch_size": batch_size}
     _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_address, gpus_per_worker)
 
-    rows = [done[k] for k in sorted(done)]
-    summary = {
-        "rows": sum(r["rows"] for r in rows), "truncated": sum(r["truncated"] for r in rows),
-        "empty": sum(r["empty"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
-        "shards": len(plan), "shards_skipped": skipped, "shards_written": len(plan) - skipped,
-    }
+    counts = {key: sum(record[key] for record in done.values()) for key in ("rows", "truncated", "empty", "tokens")}
+    summary = {**counts, "shards": len(plan), "shards_skipped": skipped, "shards_written": len(plan) - skipped}
     manifest["complete"] = True
-    manifest["counts"] = {k: summary[k] for k in ("rows", "truncated", "empty", "tokens")}
+    manifest["counts"] = counts
     save()
     return summary
+
+
+def _check_arguments(*, batch_size, num_workers, shard_size, max_length, engine, output_value, dtype, prompt_name,
+                     backend, text_field, id_field, path_field) -> None:
+    """Every argument of `encode_corpus` that is not a path, checked before anything is read or written."""
+    for name, value in (("batch_size", batch_size), ("num_workers", num_workers), ("shard_size", shard_size)):
+        check_positive_int(name, value, CorpusArgumentError)
+    if max_length is not None:
+        check_positive_int("max_length", max_length, CorpusArgumentError)
+    for name, value, choices in (("engine", engine, ENGINES), ("output_value", output_value, OUTPUT_VALUES),
+                                 ("dtype", dtype, DTYPES), ("prompt_name", prompt_name, PROMPT_NAMES),
+                                 ("backend", backend, BACKENDS)):
+        _choice(name, value, choices)
+    for name, value in (("text_field", text_field), ("id_field", id_field), ("path_field", path_field)):
+        if name == "path_field" and value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise CorpusArgumentError(f"`{name}` must be a non-empty string, got {value!r}")
+
+
+def _check_same_settings(output_dir: Path, manifest: dict | None, settings: dict) -> None:
+    """An OUTPUT_DIR of an earlier run is resumed only with the same settings."""
+    differences = shard_files.setting_differences(manifest["settings"], settings) if manifest is not None else []
+    if differences:
+        raise CorpusSettingsError(
+            f"OUTPUT_DIR {str(output_dir)!r} holds shards made with other settings ("
+            + "; ".join(differences) + "); use another OUTPUT_DIR, or delete this one to start over")
+
+
+def _shards_already_written(output_dir: Path, plan: list[dict], manifest: dict | None) -> dict[int, dict]:
+    """{shard index: its manifest record} for the shards of `plan` an earlier run finished intact."""
+    recorded = {r["index"]: r for r in (manifest or {}).get("shards", [])}
+    done = {}
+    for shard in plan:
+        record = shard_files.verify_shard(output_dir, shard["index"], shard["stop"] - shard["start"],
+                                          recorded.get(shard["index"]))
+        if record is not None:
+            done[shard["index"]] = {"index": shard["index"], **{k: v for k, v in record.items() if k != "index"}}
+    return done
 
 
 def _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_address, gpus_per_worker) -> None:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from lmk_embed_tools.compat import dataset_fingerprint
 
+from .shards import update_digest
+
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 _DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
@@ -198,12 +200,6 @@ def iter_source(source: Source, text_field: str, id_field: str, skip: int = 0,
         yield (where, *_check_row(source, where, row, text_field, id_field, path_field))
 
 
-def _update(digest, path) -> None:
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-
-
 def _fingerprint(source: Source, referenced=None) -> str:
     """sha256 of the file (or the dataset's own fingerprint), plus that of the text files its rows
     name (`referenced`: their digest), so that a changed document is a changed input."""
@@ -211,7 +207,7 @@ def _fingerprint(source: Source, referenced=None) -> str:
         own = "datasets:" + dataset_fingerprint(load_saved_dataset(source.path))
     else:
         digest = hashlib.sha256()
-        _update(digest, source.path)
+        update_digest(digest, source.path)
         own = "sha256:" + digest.hexdigest()
     return own if referenced is None else f"{own}+files:{referenced.hexdigest()}"
 
@@ -253,7 +249,7 @@ def check_sources(sources: list[Source], text_field: str, id_field: str, path_fi
                 seen.add(row_id)
                 if isinstance(text, Path):
                     try:
-                        _update(referenced, text)
+                        update_digest(referenced, text)
                     except OSError as error:
                         raise CorpusInputError(f"{source.path}, {where}: cannot read {str(text)!r} "
                                                f"({error.strerror or error})") from None

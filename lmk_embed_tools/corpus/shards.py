@@ -25,11 +25,16 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-def file_sha256(path) -> str:
-    digest = hashlib.sha256()
+def update_digest(digest, path) -> None:
+    """Feed the file at `path` to `digest` (hashlib), 1 MiB at a time."""
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+
+
+def file_sha256(path) -> str:
+    digest = hashlib.sha256()
+    update_digest(digest, path)
     return "sha256:" + digest.hexdigest()
 
 

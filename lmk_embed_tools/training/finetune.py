@@ -446,25 +446,8 @@ def finished_run(config: TrainConfig) -> dict | None:
             "global_step": state["global_step"], "throughput": []}
 
 
-def train(config: TrainConfig) -> dict:
-    """Run `config`; returns the trained SentenceTransformer ("model"), "final_dir", held-out "metrics",
-    "log_history", "granularities_drawn", "load_report" and "global_step"."""
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.base.sampler import BatchSamplers
-    from transformers import set_seed
-
-    from lmk_embed_tools.compat import single_writer_trainer
-
-    finished = finished_run(config)
-    if finished is not None:
-        return finished
-    set_seed(config.seed)
-    family, backbone_type = model_family(config.model)
-    output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    config.to_yaml(output_dir / RUN_CONFIG_NAME)
-
-    st, embedder = load_sentence_transformer(config, family, backbone_type)
+def training_rows(config: TrainConfig) -> tuple[list[dict], list | None, dict | None]:
+    """(training rows, held-out rows or None, the data file's load report or None) for `config`."""
     held_out = None
     if config.train_data == "stdlib":
         negatives = 1 if config.num_negatives is None else config.num_negatives
@@ -478,22 +461,15 @@ def train(config: TrainConfig) -> dict:
         held_out = None
     if config.max_train_rows is not None:
         rows = rows[: config.max_train_rows]
-    query_prefix = embedder.config.query_prompt if family == "recurrent_embedder" else None
-    dataset = to_training_dataset(rows, query_prefix=query_prefix)
-    has_label = "label" in dataset.column_names
-    has_vectors = has_label and rows[0].get("teacher_embeddings") is not None
-    if has_label and config.distill_weight == 0:
-        dataset = dataset.remove_columns("label")
-    loss = build_loss(config, st, has_label and not has_vectors, has_vectors)
+    return rows, held_out, report
 
-    evaluator = build_evaluator(held_out, st) if held_out else None
-    eval_during_training = evaluator is not None and config.eval_steps is not None
-    if eval_during_training and config.finetune == "qlora" and not torch.cuda.is_available():
-        # bitsandbytes on CPU repacks 4-bit weights irreversibly on an eval-mode forward.
-        logger.warning("QLoRA on CPU: evaluation runs after training only (an eval forward would break training).")
-        eval_during_training = False
 
-    args = SentenceTransformerTrainingArguments(
+def training_arguments(config: TrainConfig, family: str, output_dir: Path, eval_during_training: bool):
+    """sentence-transformers' training arguments for `config` (the family's learning rate by default)."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    return SentenceTransformerTrainingArguments(
         output_dir=str(output_dir / "checkpoints"),
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
@@ -521,6 +497,43 @@ def train(config: TrainConfig) -> dict:
         dataloader_pin_memory=torch.cuda.is_available(),
         disable_tqdm=False,
     )
+
+
+def train(config: TrainConfig) -> dict:
+    """Run `config`; returns the trained SentenceTransformer ("model"), "final_dir", held-out "metrics",
+    "log_history", "granularities_drawn", "load_report" and "global_step"."""
+    from sentence_transformers import SentenceTransformerTrainer
+    from transformers import set_seed
+
+    from lmk_embed_tools.compat import single_writer_trainer
+
+    finished = finished_run(config)
+    if finished is not None:
+        return finished
+    set_seed(config.seed)
+    family, backbone_type = model_family(config.model)
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config.to_yaml(output_dir / RUN_CONFIG_NAME)
+
+    st, embedder = load_sentence_transformer(config, family, backbone_type)
+    rows, held_out, report = training_rows(config)
+    query_prefix = embedder.config.query_prompt if family == "recurrent_embedder" else None
+    dataset = to_training_dataset(rows, query_prefix=query_prefix)
+    has_label = "label" in dataset.column_names
+    has_vectors = has_label and rows[0].get("teacher_embeddings") is not None
+    if has_label and config.distill_weight == 0:
+        dataset = dataset.remove_columns("label")
+    loss = build_loss(config, st, has_label and not has_vectors, has_vectors)
+
+    evaluator = build_evaluator(held_out, st) if held_out else None
+    eval_during_training = evaluator is not None and config.eval_steps is not None
+    if eval_during_training and config.finetune == "qlora" and not torch.cuda.is_available():
+        # bitsandbytes on CPU repacks 4-bit weights irreversibly on an eval-mode forward.
+        logger.warning("QLoRA on CPU: evaluation runs after training only (an eval forward would break training).")
+        eval_during_training = False
+
+    args = training_arguments(config, family, output_dir, eval_during_training)
     collator = EmbeddingDataCollator(
         preprocess_fn=st.preprocess, embedder=embedder,
         query_max_length=config.query_max_length, passage_max_length=config.passage_max_length,

@@ -14,6 +14,8 @@ import json
 import random
 from pathlib import Path
 
+from lmk_embed.configuration_lmk import DEFAULT_GRANULARITIES
+
 from .corpora import DocItem, training_items
 from .mining import mine_negatives
 
@@ -101,7 +103,7 @@ def write_rows(rows: list[dict], path: str | Path) -> Path:
 
 
 # The recipe `make demo` and `make train-full` use, chosen by the sweeps (training/recipes/sweep.py on
-# CPU, gpu_sweep.py at GPU scale, `demo.py --ablate` on CPU; results beside them and in the README):
+# CPU, gpu_sweep.py at GPU scale, `lmk-embed demo ablate` on CPU; results beside them and in the README):
 # LoRA at 1e-3 on the top half of MiniLM's layers, InfoNCE (in-batch negatives only) plus 2.5 x the
 # cosine distance to the untouched base model's vectors (of the passage at 256 tokens). Both were
 # chosen on the validation source, which is neither trained on nor tested: the weight 2.5 rather
@@ -129,13 +131,13 @@ RECIPE = {
     "teacher_max_length": 256,
     "splitter": "variable",
     "granularity": 32,
-    "granularities": [32, 64, 128, 256],
+    "granularities": list(DEFAULT_GRANULARITIES),  # the paper's set, as LMKConfig defaults it
     # The bases are extended to 4096 positions (interpolated rows after the original 512): inputs
     # of at most 512 tokens are the unextended model exactly, so training at 512 is unchanged.
     "max_positions": 4096,
     "position_extension": "interpolate",
     # Skipped position ids on passages (PoSE) help past 512 but cost up to 0.01 nDCG@10 at 512
-    # (`lmk-embed demo --ablate position_skipping=True`, docs/long-inputs.md): off, as the headline is at 512.
+    # (`lmk-embed demo ablate position_skipping=True`, docs/long-inputs.md): off, as the headline is at 512.
     "position_skipping": False,
     "position_skipping_share": 1.0,
     # Long texts are read in landmark windows of the original 512 positions (so texts that fit 512 are

@@ -227,7 +227,6 @@ def test_checkpoint_tokenizer_holds_exactly_the_backbone_vocabulary(minilm_lmk_c
     assert not any(key.endswith("_token") and key.startswith(("lmk_", "rec_")) for key in loaded.init_kwargs)
 
 
-def test_landmark_option_of_older_checkpoints_is_still_read(minilm_path):
-    old = LMKTokenizer.from_pretrained(minilm_path, lmk_landmark_token="[CLS]")  # the pre-rename option name
-    assert old.landmark_token_id == CLS
+def test_landmark_option_is_read_from_the_tokenizer_config(minilm_path):
     assert LMKTokenizer.from_pretrained(minilm_path, lmk_landmark="[CLS]").landmark_token_id == CLS
+    assert LMKTokenizer.from_pretrained(minilm_path).landmark_token_id != CLS  # default: the SEP token

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from lmk_embed_tools import cli
+from lmk_embed_tools.training.commands import train_config
 from tests.helpers import REPO_ROOT
 
 
@@ -140,15 +141,15 @@ def test_train_flags_override_the_file_field_by_field(tmp_path):
     parser = cli.build_parser()
     args = parser.parse_args(["train", "--config", str(config), "--max_steps", "9", "--lora-alpha", "4",
                               "--granularities", "16", "--splitter", "variable"])
-    run = cli.train_config(args)
+    run = train_config(args)
     assert (run.max_steps, run.lora_alpha, run.granularities, run.splitter) == (9, 4, [16], "variable")  # flags
     assert (run.lora_r, run.bf16, run.model) == (8, True, "m")  # the file
     assert run.learning_rate is None and run.seed == 42  # the dataclass's defaults
     # A flag equal to the dataclass default still overrides the file.
-    run = cli.train_config(parser.parse_args(["train", "--config", str(config), "--lora_r", "16", "--bf16", "false"]))
+    run = train_config(parser.parse_args(["train", "--config", str(config), "--lora_r", "16", "--bf16", "false"]))
     assert (run.lora_r, run.bf16) == (16, False)
     # No file: flags alone.
-    run = cli.train_config(parser.parse_args(["train", "--model", "m", "--output_dir", "o", "--bf16"]))
+    run = train_config(parser.parse_args(["train", "--model", "m", "--output_dir", "o", "--bf16"]))
     assert (run.model, run.output_dir, run.bf16, run.max_steps) == ("m", "o", True, -1)
 
 

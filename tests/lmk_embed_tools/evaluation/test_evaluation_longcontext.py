@@ -215,12 +215,12 @@ def test_landmark_locality_runs_on_a_tiny_model(lmk_model):
 @pytest.fixture()
 def small_pages(monkeypatch):
     """The stdlib corpus, cut to three pages (rendering all of them takes seconds)."""
-    from lmk_embed_tools import cli
+    from lmk_embed_tools import evaluation_jobs
     from lmk_embed_tools.training.stdlib_corpus import ModulePage
 
     pages = [ModulePage(f"m{i}", " ".join(text.split()[:5]), text) for i, text in
              enumerate(["\n".join(helpers.stdlib_texts(60)[i::3]) for i in range(3)])]
-    monkeypatch.setattr(cli, "_stdlib_pages", lambda: pages)
+    monkeypatch.setattr(evaluation_jobs, "stdlib_pages", lambda: pages)
 
 
 def test_evaluate_command_writes_json_table_plots_and_card_records(lmk_checkpoint, tmp_path, small_pages):

@@ -1,0 +1,241 @@
+"""The evaluation jobs on the command line: `lmk-embed evaluate` (task specs to splits, retrievers to
+tables, paired intervals, results recorded for the cards) and `lmk-embed analyze` (the LMK paper's
+attention and locality analyses).
+
+The stdlib and deep-evidence tasks read the training corpora, which is why these commands live
+beside `evaluation/` and not inside it (training imports evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lmk_embed_tools.commandline import UsageError, check_names, check_output, check_source, positive_int
+
+SYNTHETIC_TASKS = ("passkey", "needle")
+
+
+def add_evaluate_command(subparsers) -> None:
+    from lmk_embed_tools.evaluation.synthetic import DEFAULT_LENGTHS
+
+    parser = subparsers.add_parser(
+        "evaluate", help="Retrieval at growing max lengths: synthetic passkey/needle, stdlib docs, BEIR folders, mteb tasks.")
+    parser.add_argument("models", nargs="+", help="checkpoint folders (ours, or any SentenceTransformer), or `bm25`")
+    parser.add_argument("--task", nargs="+", required=True,
+                        help="passkey, needle, stdlib, deep:scientific / deep:symbolic (a method's summary as the query "
+                             "for its class page, 600-3800 tokens deep; deep:systems, the validation source, is for "
+                             "choosing settings), a BEIR folder (queries.jsonl, corpus.jsonl, "
+                             "qrels/test.tsv), or mteb:NAME")
+    parser.add_argument("--corpus-cache", default="runs/corpora", help="deep:*: where the documentation corpora are cached")
+    parser.add_argument("--max-lengths", type=positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
+    parser.add_argument("--out", default="runs/evaluate", help="folder for results.json, results.txt and the PNGs")
+    parser.add_argument("--names", nargs="+", default=None, help="a row name per model (default: the folder's name)")
+    parser.add_argument("--bm25", action="store_true", help="add BM25 (bm25s) as a sanity baseline")
+    parser.add_argument("--multi-vector", action="store_true",
+                        help="LMK models: also score by max over landmarks, and the max+mean hybrid")
+    parser.add_argument("--granularities", type=positive_int, nargs="+", default=None,
+                        help="LMK models: one row per inference granularity g (the granularity trade-off)")
+    parser.add_argument("--long-input", nargs="+", default=None, choices=("one-pass", "windows"),
+                        help="LMK models: one row per long-input schedule (default: the checkpoint's)")
+    parser.add_argument("--window-length", type=positive_int, nargs="+", default=None,
+                        help="LMK models with --long-input windows: one row per window length W")
+    parser.add_argument("--windows", nargs="*", default=None, metavar="NAME",
+                        help="also the windows-mean (PCW) and windows-max baselines: for the models named (row names), "
+                             "or for every model when none is named")
+    parser.add_argument("--window", type=positive_int, default=None,
+                        help="--windows: tokens per window (default: a SentenceTransformer's max_seq_length, "
+                             "our models' original positions)")
+    parser.add_argument("--schedule", default=None, choices=("horizontal", "vertical", "auto"),
+                        help="recurrent models: the inference schedule (default: the checkpoint's)")
+    parser.add_argument("--queries", type=positive_int, default=50, help="synthetic and deep:* tasks: queries (per length)")
+    parser.add_argument("--documents", type=positive_int, default=100, help="synthetic and deep:* tasks: candidates (per length)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default=None,
+                        help="synthetic lengths are counted in this tokenizer's tokens (default: the first model's)")
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--cache-dir", default=None, help="corpus-embedding cache (default: OUT/cache)")
+    parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--record", action="store_true",
+                        help="store nDCG@1 beside each of our checkpoints (eval_results.json) for its model card")
+    parser.add_argument("--compare", nargs=2, action="append", default=None, metavar=("ROW", "RIVAL"),
+                        help="NAME@LENGTH NAME@LENGTH (repeatable): on every task, nDCG@10 of ROW minus RIVAL with "
+                             "its 95%% paired bootstrap interval over the queries; with two tasks or more, also over "
+                             "all their queries pooled")
+    parser.set_defaults(handler=run_evaluate)
+
+
+def parse_comparisons(pairs, names: list[str], lengths: list[int]) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """--compare's NAME@LENGTH pairs, checked against the rows the run makes."""
+    def side(text: str) -> tuple[str, int]:
+        name, sep, length = text.rpartition("@")
+        if not sep or not length.isdigit():
+            raise UsageError(f"--compare: {text!r} is not NAME@LENGTH (for example {names[0]}@{lengths[0]})")
+        if name not in names:
+            raise UsageError(f"--compare: {name!r} is not a row of this run; the rows are {names}")
+        if int(length) not in lengths:
+            raise UsageError(f"--compare: length {length} is not among --max-lengths {lengths}")
+        return name, int(length)
+
+    return [(side(row), side(rival)) for row, rival in pairs or []]
+
+
+def stdlib_pages():
+    from lmk_embed_tools.training.stdlib_corpus import module_pages
+
+    return module_pages()
+
+
+def task_jobs(args: argparse.Namespace, count_tokens) -> list:
+    """(task name, max length, RetrievalData) for every --task and --max-lengths: synthetic tasks are
+    generated per length, the others are one split read at every length."""
+    from lmk_embed_tools.evaluation.longcontext import RetrievalData, load_beir, load_mteb_task
+    from lmk_embed_tools.evaluation.synthetic import haystack_sentences, synthetic_tasks
+
+    jobs = []
+    for task in args.task:
+        if task in SYNTHETIC_TASKS:
+            if count_tokens is None:
+                raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count lengths")
+            haystack = haystack_sentences([page.text for page in stdlib_pages()]) if task == "needle" else ()
+            generated = synthetic_tasks(task, args.max_lengths, count_tokens, haystack, seed=args.seed,
+                                        num_documents=args.documents, num_queries=min(args.queries, args.documents))
+            jobs += [(task, data.length, data) for data in generated]
+            continue
+        if task.startswith("deep:"):
+            from lmk_embed_tools.training.corpora import (OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE, build_corpus,
+                                                          deep_evidence_split)
+
+            source = task[len("deep:"):]
+            if source not in (*OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE):  # the validation source: for choosing
+                raise UsageError(f"--task {task!r}: deep evidence comes from {[*OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE]}")
+            if count_tokens is None:
+                raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count depths")
+            data = deep_evidence_split(build_corpus(args.corpus_cache, sources=(source,)), source, count_tokens,
+                                       max_queries=args.queries, max_documents=args.documents, seed=args.seed)
+            jobs += [(data.name, length, data) for length in args.max_lengths]
+            continue
+        if task == "stdlib":
+            pages = stdlib_pages()
+            data = RetrievalData("stdlib", {p.name: p.synopsis for p in pages}, {p.name: p.text for p in pages},
+                                 {p.name: {p.name: 1} for p in pages})
+        elif task.startswith("mteb:"):
+            try:
+                data = load_mteb_task(task[len("mteb:"):])
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+        elif Path(task).is_dir():
+            try:
+                data = load_beir(task)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+        else:
+            raise UsageError(f"--task {task!r}: not passkey, needle, stdlib, deep:SOURCE, mteb:NAME or a BEIR folder")
+        jobs += [(data.name, length, data) for length in args.max_lengths]
+    return jobs
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, load_model, paired_comparisons
+    from lmk_embed_tools.evaluation.report import card_records, length_curves, write_report
+    from lmk_embed_tools.evaluation.retrievers import build_retrievers
+    from lmk_embed_tools.evaluation.synthetic import token_counter
+    from lmk_embed_tools.evaluation.table import format_length_table
+
+    paths = [m for m in args.models if m.lower() != "bm25"]
+    args.bm25 = args.bm25 or len(paths) < len(args.models)
+    names = check_names(args.names, paths)
+    for path in paths:
+        check_source(path, "MODEL")
+    check_output(args.out, "--out")
+    models = {name: load_model(path) for name, path in zip(names, paths)}
+    if args.tokenizer:
+        count_tokens = token_counter(args.tokenizer)
+    else:
+        count_tokens = token_counter(next(iter(models.values())).tokenizer) if models else None
+    jobs = task_jobs(args, count_tokens)
+    cache_dir = None if args.no_cache else (args.cache_dir or Path(args.out) / "cache")
+    if args.windows:
+        unknown = sorted(set(args.windows) - set(names))
+        if unknown:
+            raise UsageError(f"--windows: {unknown} are not among the models' names {names}")
+    retrievers = build_retrievers(models, batch_size=args.batch_size, granularities=args.granularities,
+                                  multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25,
+                                  long_inputs=args.long_input,
+                                  windows=None if args.windows is None else (args.windows or list(models)), window=args.window,
+                                  window_lengths=args.window_length)
+    pairs = parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
+    rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=bool(pairs))
+    comparisons = paired_comparisons(rows, pairs)
+    settings = {k: v for k, v in vars(args).items() if k not in ("handler",)}
+    written = write_report(rows, args.out, settings, comparisons=comparisons)
+    for metric in ("ndcg_at_1", "ndcg_at_10"):
+        print(format_length_table(rows, metric), end="\n\n")
+    for c in comparisons:
+        print(f"{c['task']}: {c['row']} - {c['rival']}: nDCG@10 {c['difference']:+.3f} "
+              f"[{c['low']:+.3f}, {c['high']:+.3f}] (95% paired bootstrap over queries)")
+    if args.record:
+        from lmk_embed_tools.model_cards import record_results
+
+        for name, path in zip(names, paths):
+            if (Path(path) / "config.json").is_file() and hasattr(models[name], "config"):
+                results, baselines = card_records(rows, name)
+                recorded = record_results(path, results=results, baselines=baselines,
+                                          extrapolation=length_curves(rows, name) or None)
+                print(f"Recorded results for the card in {recorded}")
+    print("Wrote " + ", ".join(str(p) for p in written.values()))
+    return 0
+
+
+def add_analyze_command(subparsers) -> None:
+    parser = subparsers.add_parser("analyze", help="The LMK paper's analyses: attention by position, landmark locality.")
+    parser.add_argument("analysis", choices=("attention", "locality"))
+    parser.add_argument("models", nargs="+", help="LMK checkpoint folders")
+    parser.add_argument("--names", nargs="+", default=None)
+    parser.add_argument("--pooling", nargs="+", default=None, choices=("lmk", "cls"),
+                        help="attention: whose attention to read (default: each checkpoint's own pooling)")
+    parser.add_argument("--max-length", type=positive_int, default=512)
+    parser.add_argument("--granularity", type=positive_int, default=None)
+    parser.add_argument("--texts", type=positive_int, default=16, help="how many of the longest stdlib pages to read")
+    parser.add_argument("--bins", type=positive_int, default=20)
+    parser.add_argument("--k", type=positive_int, nargs="+", default=[1, 3, 5])
+    parser.add_argument("--out", default="runs/analyze")
+    parser.set_defaults(handler=run_analyze)
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    import json
+
+    from lmk_embed_tools.evaluation.analyses import attention_by_position, landmark_locality, plot_attention, plot_locality
+
+    check_output(args.out, "--out")
+    from lmk_embed_tools.evaluation.longcontext import load_model
+
+    names = check_names(args.names, args.models)
+    for path in args.models:
+        check_source(path)
+    pages = sorted(stdlib_pages(), key=lambda p: (-len(p.text), p.name))[: args.texts]  # long inputs, deterministic
+    texts = [page.text for page in pages]
+    results = {}
+    for name, path in zip(names, args.models):
+        model = load_model(path)
+        if getattr(getattr(model, "config", None), "model_type", None) != "lmk_embedder":
+            raise UsageError(f"{path!r} is not an LMK checkpoint")
+        if args.analysis == "attention":
+            for pooling in args.pooling or [model.config.pooling]:
+                results[f"{name} ({pooling})"] = attention_by_position(
+                    model, texts, max_length=args.max_length, bins=args.bins, pooling=pooling, granularity=args.granularity)
+        else:
+            results[name] = landmark_locality(model, texts, k_values=args.k, max_length=args.max_length,
+                                              granularity=args.granularity)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.analysis}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (plot_attention if args.analysis == "attention" else plot_locality)(results, out / f"{args.analysis}.png")
+    for label, result in results.items():
+        if args.analysis == "attention":
+            print(f"{label}: mass by position bin " + " ".join(f"{m:.3f}" for m in result["mass"]))
+        else:
+            print(f"{label}: {result['landmarks']} landmarks, Hits@k " + json.dumps(result["hits"]))
+    print(f"Wrote {out / args.analysis}.json and .png")
+    return 0
