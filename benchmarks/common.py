@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks: offline texts and interleaved best-of-N timing."""
+"""Shared helpers for the benchmarks: offline texts, interleaved best-of-N timing and a random Mamba2."""
 
 from __future__ import annotations
 
@@ -31,6 +31,30 @@ def sample_texts(count: int, min_words: int, max_words: int, seed: int = 0) -> l
         start = rng.randrange(0, len(words) - length)
         texts.append(" ".join(words[start : start + length]))
     return texts
+
+
+def random_mamba2(hidden_size: int, num_hidden_layers: int, state_size: int, vocab_size: int, head_dim: int = 64,
+                  num_heads: int | None = None, *, bos_token_id: int = 101, eos_token_id: int = 102, seed: int = 0,
+                  causal_lm: bool = False, **embed_config):
+    """A Mamba2 with random weights (torch seeded with `seed`), in eval mode: our `RecurrentEmbedModel`
+    (`embed_config`: RecurrentEmbedConfig options, e.g. block_size), or with `causal_lm` transformers'
+    `Mamba2ForCausalLM`. Expand 2, one group, SSD chunk 256, pad id 0; num_heads defaults to
+    2 * hidden_size / head_dim; the default BOS/EOS ids are MiniLM's [CLS]/[SEP]."""
+    import torch
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
+    from lmk_embed.modeling_recurrent import RecurrentEmbedModel
+
+    backbone = Mamba2Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, state_size=state_size,
+        head_dim=head_dim, num_heads=num_heads or 2 * hidden_size // head_dim, expand=2, n_groups=1, chunk_size=256,
+        pad_token_id=0, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+    )
+    torch.manual_seed(seed)
+    if causal_lm:
+        return Mamba2ForCausalLM(backbone).eval()
+    return RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), **embed_config)).eval()
 
 
 def best_of(runs: int, **candidates) -> dict[str, float]:

