@@ -349,10 +349,12 @@ class ModelInputs(dict):
     """One batch's model inputs, `{name: [B, T] tensor}`, that also says what was truncated.
 
     A plain dict to `model(**inputs)`; `truncated` (bool [B]) and `max_length` (the budget) are
-    attributes, read by callers that report truncation (the sentence-transformers module).
+    attributes, read by callers that report truncation (the sentence-transformers module). Built from
+    a mapping alone, as libraries rebuild mappings they move to a device (`type(batch)({...})`:
+    accelerate, transformers' Trainer), it holds the tensors and says nothing of truncation.
     """
 
-    def __init__(self, tensors: dict, truncated: np.ndarray, max_length: int | None):
+    def __init__(self, tensors: dict, truncated: np.ndarray | None = None, max_length: int | None = None):
         super().__init__(tensors)
         self.truncated = truncated
         self.max_length = max_length

@@ -194,3 +194,18 @@ def test_recurrent_per_call_options_match_automodel(mamba2_checkpoint):
         st.encode(texts, schedule="sideways")
     with pytest.raises(ValueError, match="granularity"):  # not a recurrent option: sentence-transformers refuses it
         st.encode(texts, granularity=8)
+
+
+@pytest.mark.parametrize("checkpoint", ["minilm_lmk_checkpoint", "mamba2_checkpoint"])
+def test_model_inputs_survive_being_rebuilt_on_a_device(checkpoint, request):
+    """accelerate and transformers' Trainer move a batch with `type(batch)({...})` (sentence-transformers'
+    model card does it to our features after training); the features must allow it and keep their tensors."""
+    from accelerate.utils import send_to_device
+
+    model = AutoModel.from_pretrained(request.getfixturevalue(checkpoint), trust_remote_code=True).eval()
+    features = model.prepare_features([SAMPLE_TEXT, "short"])
+    moved = send_to_device(features, "cpu")
+    assert type(moved) is type(features) and moved.keys() == features.keys()
+    assert all(torch.equal(moved[name], features[name]) for name in features)
+    with torch.no_grad():
+        assert torch.equal(model(**moved).embeddings, model(**features).embeddings)
