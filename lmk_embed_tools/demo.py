@@ -499,17 +499,17 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """The whole job, or one of its modes. --budget, --out and --steps go before or after the mode."""
     from lmk_embed_tools.commandline import positive_int
 
-    def run_options(target: argparse.ArgumentParser, **defaults) -> None:
-        target.add_argument("--budget", choices=sorted(BUDGETS), help="demo (18-30 min on 2 cores) or full (1 hour)",
-                            **({"default": defaults["budget"]} if defaults else {}))
-        target.add_argument("--out", help="where data, checkpoints and results go (default: runs/<budget>; "
-                            "validate: runs/validation)", **({"default": None} if defaults else {}))
-        target.add_argument("--steps", type=positive_int, help="training steps per model (default: the budget's)",
-                            **({"default": None} if defaults else {}))
+    def run_options(target: argparse.ArgumentParser, budget="demo", out=None, steps=None) -> None:
+        target.add_argument("--budget", choices=sorted(BUDGETS), default=budget,
+                            help="demo (18-30 min on 2 cores) or full (1 hour)")
+        target.add_argument("--out", default=out, help="where data, checkpoints and results go (default: "
+                            "runs/<budget>; validate: runs/validation)")
+        target.add_argument("--steps", type=positive_int, default=steps,
+                            help="training steps per model (default: the budget's)")
 
-    run_options(parser, budget="demo")
-    shared = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)  # given after the mode
-    run_options(shared)
+    run_options(parser)
+    shared = argparse.ArgumentParser(add_help=False)  # the same options given after the mode: unset, not defaulted
+    run_options(shared, *3 * [argparse.SUPPRESS])
     modes = parser.add_subparsers(dest="mode", metavar="MODE", parser_class=type(parser))
     ablate_mode = modes.add_parser("ablate", parents=[shared], help="train LMK only with these RECIPE changes, "
                                    "score it at 512 tokens, and add it to runs/ablation_results.json")
