@@ -30,7 +30,12 @@ INITS = ("teacher-embeddings", "random")
 
 def student_backbone_config(teacher_config, *, num_hidden_layers: int, state_size: int, head_dim: int, eos_token_id: int,
                             pad_token_id: int):
-    """A transformers `Mamba2Config` as wide as the teacher, over the teacher's vocabulary."""
+    """A transformers `Mamba2Config` as wide as the teacher, over the teacher's vocabulary. Its
+    `initializer_range` is nn.Linear's default scale, std 1/sqrt(3 x D), as in mamba_ssm; transformers'
+    default (0.1) puts in_proj at 3.4x that, and a student so initialised trains slower
+    (docs/recurrent-student.md)."""
+    import math
+
     from transformers import Mamba2Config
 
     width = int(teacher_config.hidden_size)
@@ -40,7 +45,7 @@ def student_backbone_config(teacher_config, *, num_hidden_layers: int, state_siz
         vocab_size=int(teacher_config.vocab_size), hidden_size=width, num_hidden_layers=num_hidden_layers,
         state_size=state_size, head_dim=head_dim, num_heads=2 * width // head_dim, expand=2, n_groups=1,
         chunk_size=64, pad_token_id=pad_token_id, bos_token_id=eos_token_id, eos_token_id=eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=False, initializer_range=1 / math.sqrt(3 * width),
     )
 
 
@@ -50,6 +55,8 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "teache
 
     `init="teacher-embeddings"` copies the teacher's word embeddings [vocab, D] into the student's;
     `"random"` keeps transformers' own initialisation. Everything else is fresh (seeded)."""
+    import math
+
     from transformers import AutoModel, AutoTokenizer, Mamba2Model
 
     if init not in INITS:
@@ -65,6 +72,11 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "teache
                                      pad_token_id=tokenizer.pad_token_id or 0)
     torch.manual_seed(seed)
     student = Mamba2Model(config)
+    with torch.no_grad():
+        # mamba_ssm scales each residual projection by 1/sqrt(layers). Done here, not by the config's
+        # `rescale_prenorm_residual`: transformers 5 applies that flag again to weights it loads.
+        for layer in student.layers:
+            layer.mixer.out_proj.weight /= math.sqrt(num_hidden_layers)
     if init == "teacher-embeddings":
         with torch.no_grad():
             student.get_input_embeddings().weight.copy_(teacher_model.get_input_embeddings().weight)

@@ -64,6 +64,12 @@ def test_the_student_starts_from_the_teachers_tokenizer_and_word_embeddings(mini
     assert torch.equal(backbone.get_input_embeddings().weight, teacher_embeddings)
     assert tokenizer.eos_token == "[SEP]" and backbone.config.eos_token_id == tokenizer.sep_token_id
     assert tokenizer("a b")["input_ids"] == AutoTokenizer.from_pretrained(minilm_path)("a b")["input_ids"]
+    # mamba_ssm's scale, not transformers' default (in_proj std 0.1): nn.Linear's std 1/sqrt(3 x 384),
+    # out_proj's kaiming-uniform std 1/sqrt(3 x 768) over sqrt(layers).
+    four_layers = {**sizes, "num_hidden_layers": 4}
+    mixer = Mamba2Model.from_pretrained(student.init_student(minilm_path, tmp_path / "d", **four_layers)).layers[0].mixer
+    assert mixer.in_proj.weight.std().item() == pytest.approx((3 * 384) ** -0.5, rel=0.02)
+    assert mixer.out_proj.weight.std().item() == pytest.approx((3 * 768) ** -0.5 / 2, rel=0.02)
     fresh = Mamba2Model.from_pretrained(student.init_student(minilm_path, tmp_path / "r", init="random", **sizes))
     assert not torch.equal(fresh.get_input_embeddings().weight, teacher_embeddings)
     with pytest.raises(ValueError, match="`init`"):
