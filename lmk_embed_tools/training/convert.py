@@ -259,7 +259,12 @@ def convert_to_recurrent(
         config = source_config(source)
         check_recurrent_source(source, config)
         register_external_backbone(config)  # RWKV-7 lives in flash-linear-attention
-        backbone = load_source_backbone(source)
+        # transformers 5 applies Mamba's init-only `rescale_prenorm_residual` to the weights it loads too
+        # (out_proj / sqrt(layers)). The flag changes no computation: read the source with it off.
+        rescaled = bool((config or {}).get("rescale_prenorm_residual"))
+        backbone = load_source_backbone(source, **({"rescale_prenorm_residual": False} if rescaled else {}))
+        if rescaled:
+            backbone.config.rescale_prenorm_residual = True
     config = RecurrentEmbedConfig(
         backbone_config=backbone_config_dict(backbone),
         schedule=schedule,
