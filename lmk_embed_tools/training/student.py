@@ -54,7 +54,7 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "teache
     """Write a fresh Mamba2 backbone (`Mamba2Model` + the teacher's tokenizer with [SEP] as EOS) to `folder`.
 
     `init="teacher-embeddings"` copies the teacher's word embeddings [vocab, D] into the student's;
-    `"random"` keeps transformers' own initialisation. Everything else is fresh (seeded)."""
+    `"random"` keeps the fresh ones. Everything else is fresh (seeded), at mamba_ssm's scale."""
     import math
 
     from transformers import AutoModel, AutoTokenizer, Mamba2Model
