@@ -190,11 +190,12 @@ def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_arg
                     session_options=None, config: LMKConfig | None = None, stale_graph: str = "error", **kwargs):
     """An LMK checkpoint (folder or Hub id) on ONNX Runtime: `model_class(config, OnnxGraph(...))`
     (`LMKOnnxModel`, which `LMKModel.from_pretrained(backend="onnx")` passes in). `file_name` is the
-    graph in the checkpoint (`onnx/model.onnx`, or `onnx/model_qint8.onnx`), `provider` the execution provider, `num_threads`
-    the intra-op threads (or `session_options`, an `onnxruntime.SessionOptions`). The Hub arguments
-    (revision, cache_dir, token, local_files_only, subfolder, ...) locate the graph, the config and the
-    tokenizer alike. A local folder's graph must come from the folder's weights (`check_graph_weights`;
-    `stale_graph="warn"` only warns); a Hub checkpoint's was checked when it was pushed."""
+    graph in the checkpoint (`onnx/model.onnx`, or `onnx/model_qint8.onnx`), `provider` the execution
+    provider, `num_threads` the intra-op threads (or `session_options`, an `onnxruntime.SessionOptions`).
+    The Hub arguments (revision, cache_dir, token, local_files_only, subfolder, ...) locate the graph,
+    the config and the tokenizer alike. A local folder's graph must come from the folder's weights
+    (`check_graph_weights`; `stale_graph="warn"` only warns); a Hub checkpoint's was checked when it
+    was pushed."""
     check_choice("backend", backend, BACKENDS)
     check_choice("stale_graph", stale_graph, STALE_GRAPH_CHOICES)
     if model_args:

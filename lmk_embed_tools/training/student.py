@@ -14,6 +14,7 @@ PCW, the `windows-mean` baseline), so the student learns to embed whole pages in
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,6 @@ def student_backbone_config(teacher_config, *, num_hidden_layers: int, state_siz
     `initializer_range` is nn.Linear's default scale, std 1/sqrt(3 x D), as in mamba_ssm; transformers'
     default (0.1) puts in_proj at 3.4x that, and a student so initialised trains slower
     (docs/recurrent-student.md)."""
-    import math
-
     from transformers import Mamba2Config
 
     width = int(teacher_config.hidden_size)
@@ -55,8 +54,6 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "teache
 
     `init="teacher-embeddings"` copies the teacher's word embeddings [vocab, D] into the student's;
     `"random"` keeps the fresh ones. Everything else is fresh (seeded), at mamba_ssm's scale."""
-    import math
-
     from transformers import AutoModel, AutoTokenizer, Mamba2Model
 
     if init not in INITS:
@@ -77,8 +74,7 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "teache
         # `rescale_prenorm_residual`: transformers 5 applies that flag again to weights it loads.
         for layer in student.layers:
             layer.mixer.out_proj.weight /= math.sqrt(num_hidden_layers)
-    if init == "teacher-embeddings":
-        with torch.no_grad():
+        if init == "teacher-embeddings":
             student.get_input_embeddings().weight.copy_(teacher_model.get_input_embeddings().weight)
     folder = Path(folder)
     student.save_pretrained(folder)
