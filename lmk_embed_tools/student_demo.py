@@ -120,12 +120,16 @@ def record_and_stage(student_dir: Path, rows: list[dict], out_dir: Path) -> Path
 
 def add_train_student_arguments(parser: argparse.ArgumentParser) -> None:
     from lmk_embed_tools.commandline import positive_int
+    from lmk_embed_tools.training.student import INITS
 
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="demo",
                         help="demo (minutes) or full (one epoch of every row: about 90 minutes on 2 cores)")
     parser.add_argument("--out", default=None, help="where rows, checkpoints and results go (default: runs/student-<budget>)")
     parser.add_argument("--steps", type=positive_int, default=None, help="training steps (default: the budget's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rows' sample, the student's init and training")
+    parser.add_argument("--init", choices=INITS, default=INITS[0],
+                        help="static-bag: start as a SIF-weighted bag of MiniLM's static token vectors; "
+                             "teacher-embeddings: MiniLM's word embeddings, fresh layers; random: all fresh")
 
 
 def add_train_student_command(subparsers) -> None:
@@ -173,7 +177,7 @@ def run_train_student(args: argparse.Namespace) -> int:
     lap("data")
 
     say(f"\n2. Training the student ({budget['steps']} steps) ...")
-    result = train_student(minilm, train_file, out_dir, size=budget["size"], steps=budget["steps"],
+    result = train_student(minilm, train_file, out_dir, size=budget["size"], steps=budget["steps"], init=args.init,
                            seed=args.seed, teacher_id=TEACHER_ID)
     student_dir = Path(result["final_dir"])
     lap("training")
@@ -181,7 +185,7 @@ def run_train_student(args: argparse.Namespace) -> int:
     say("\n3. The student beside its teacher and BM25 ...")
     rows, comparisons = evaluate(student_dir, teacher, corpus, budget, out_dir)
     print_results(rows, comparisons)
-    write_report(rows, out_dir / "results", {"budget": budget, "seed": args.seed, "comparisons": comparisons})
+    write_report(rows, out_dir / "results", {"budget": budget, "seed": args.seed, "init": args.init, "comparisons": comparisons})
     lap("evaluation")
 
     say("\n4. Card and push --dry-run ...")

@@ -58,7 +58,7 @@ def test_the_student_starts_from_the_teachers_tokenizer_and_word_embeddings(mini
     from transformers import AutoModel, AutoTokenizer, Mamba2Model
 
     sizes = {"num_hidden_layers": 1, "state_size": 16, "head_dim": 64}
-    folder = student.init_student(minilm_path, tmp_path / "s", **sizes)
+    folder = student.init_student(minilm_path, tmp_path / "s", init="teacher-embeddings", **sizes)
     backbone, tokenizer = Mamba2Model.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     teacher_embeddings = AutoModel.from_pretrained(minilm_path).get_input_embeddings().weight
     assert torch.equal(backbone.get_input_embeddings().weight, teacher_embeddings)
@@ -67,7 +67,8 @@ def test_the_student_starts_from_the_teachers_tokenizer_and_word_embeddings(mini
     # mamba_ssm's scale, not transformers' default (in_proj std 0.1): nn.Linear's std 1/sqrt(3 x 384),
     # out_proj's kaiming-uniform std 1/sqrt(3 x 768) over sqrt(layers).
     four_layers = {**sizes, "num_hidden_layers": 4}
-    mixer = Mamba2Model.from_pretrained(student.init_student(minilm_path, tmp_path / "d", **four_layers)).layers[0].mixer
+    mixer = Mamba2Model.from_pretrained(student.init_student(minilm_path, tmp_path / "d", init="teacher-embeddings",
+                                                             **four_layers)).layers[0].mixer
     assert mixer.in_proj.weight.std().item() == pytest.approx((3 * 384) ** -0.5, rel=0.02)
     assert mixer.out_proj.weight.std().item() == pytest.approx((3 * 768) ** -0.5 / 2, rel=0.02)
     fresh = Mamba2Model.from_pretrained(student.init_student(minilm_path, tmp_path / "r", init="random", **sizes))
@@ -75,7 +76,59 @@ def test_the_student_starts_from_the_teachers_tokenizer_and_word_embeddings(mini
     with pytest.raises(ValueError, match="`init`"):
         student.init_student(minilm_path, tmp_path / "x", init="pretrained", **sizes)
     with pytest.raises(ValueError, match="`head_dim`"):
-        student.init_student(minilm_path, tmp_path / "x", num_hidden_layers=1, state_size=16, head_dim=100)
+        student.init_student(minilm_path, tmp_path / "x", init="random", num_hidden_layers=1, state_size=16, head_dim=100)
+    with pytest.raises(ValueError, match="`frequency_texts`"):
+        student.init_student(minilm_path, tmp_path / "x", init="static-bag", **sizes)
+
+
+def test_sif_weights_are_a_over_a_plus_the_token_frequency(teacher):
+    tokenizer = teacher.tokenizer
+    the, cat = tokenizer.convert_tokens_to_ids(["the", "cat"])
+    vocab = tokenizer.vocab_size
+    weights = student.sif_weights(tokenizer, ["the the cat", "the"], vocab, smoothing=1e-3)
+    total = vocab + 4  # add-one counts, then 3 x "the" and 1 x "cat"
+    assert weights[the].item() == pytest.approx(1e-3 / (1e-3 + 4 / total))
+    assert weights[cat].item() == pytest.approx(1e-3 / (1e-3 + 2 / total))
+    assert weights[tokenizer.unk_token_id].item() == pytest.approx(1e-3 / (1e-3 + 1 / total))
+
+
+def test_a_static_bag_student_embeds_the_weighted_sum_of_its_static_vectors(monkeypatch):
+    """transformers' own Mamba2 forward of a tiny student set by `static_bag_student`: the EOS states of
+    texts have the cosines of the texts' SIF-weighted bags of unit static vectors (the principal
+    directions rotate the bag, so only cosines can be compared), and a random student does not. The
+    layer is linear to first order (silu(x) ~ x/2 for small inputs): a tenth of the input scale
+    leaves a tenth of the error."""
+    from transformers import Mamba2Config, Mamba2Model
+
+    torch.manual_seed(0)
+    width, vocab, eos = 16, 40, 0
+    config = Mamba2Config(vocab_size=vocab, hidden_size=width, num_hidden_layers=2, state_size=8, head_dim=8,
+                          num_heads=4, expand=2, n_groups=1, chunk_size=8, eos_token_id=eos, pad_token_id=eos)
+    # static vectors of rank D - 2: the principal directions keep all of them
+    static = (torch.randn(vocab, width - 2) @ torch.randn(width - 2, width)).double()
+    weights = torch.rand(vocab, dtype=torch.float64) * 0.999 + 1e-3
+    texts = [torch.randint(1, vocab, (n,)).tolist() + [eos] for n in (3, 9, 17, 30, 30)]
+
+    def eos_cosines(model):
+        with torch.no_grad():
+            states = torch.stack([model(input_ids=torch.tensor([t])).last_hidden_state[0, -1] for t in texts]).double()
+        states = states / states.norm(dim=1, keepdim=True)
+        return states @ states.T
+
+    def bag_student():
+        model = Mamba2Model(config)
+        student.static_bag_student(model, static, weights, eos)
+        return model
+
+    units = static / static.norm(dim=1, keepdim=True)
+    bags = torch.stack([(weights[t[:-1], None] * units[t[:-1]]).sum(0) for t in texts])
+    bags = bags / bags.norm(dim=1, keepdim=True)
+    expected = bags @ bags.T
+    assert (expected - torch.eye(len(texts), dtype=torch.float64)).abs().max() > 0.1  # the texts differ
+    torch.testing.assert_close(eos_cosines(bag_student()), expected, atol=0.03, rtol=0)
+    monkeypatch.setattr(student, "BAG_INPUT", student.BAG_INPUT / 10)
+    torch.testing.assert_close(eos_cosines(bag_student()), expected, atol=0.003, rtol=0)
+    assert (eos_cosines(Mamba2Model(config)) - expected).abs().max() > 0.05
 
 
 @pytest.fixture(scope="module")
