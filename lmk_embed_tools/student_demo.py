@@ -4,8 +4,9 @@
    sources) and the student's training rows: (synopsis, page) pairs cut to what the student reads,
    with MiniLM's vector of every text (`teacher_embeddings`; a page longer than MiniLM reads gets
    the mean of its window vectors), cached in `train.jsonl`.
-2. Initialise a Mamba2 student from MiniLM's tokenizer and word embeddings, convert it with
-   `convert_to_recurrent` and train it with `finetune.train` (InfoNCE + embedding distillation).
+2. Initialise a Mamba2 student on MiniLM's tokenizer, by default as a bag of MiniLM's static token
+   vectors (`--init`), convert it with `convert_to_recurrent` and train it with `finetune.train`
+   (InfoNCE + embedding distillation).
 3. Score it beside MiniLM (256 and 512 tokens, windows-mean on whole pages) and BM25 on the demo's
    three splits and the deep-evidence long-document splits, with paired bootstrap intervals.
 4. Record its results, write its card and stage it with `push --dry-run`.
