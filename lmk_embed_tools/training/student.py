@@ -76,42 +76,49 @@ def sif_weights(tokenizer, texts: list[str], vocab_size: int, smoothing: float =
     return smoothing / (smoothing + counts / counts.sum())
 
 
-# The bag layer's constants. Each only has to put the layer in a regime where it is linear: a gate far
-# from silu's bend, inputs small enough that silu(x) ~ x/2, dt small enough that softplus(x) ~ exp(x).
-BAG_GATE, BAG_INPUT, BAG_DT_SLOPE, BAG_DT_BASE, BAG_CONSTANT, BAG_DECAY = 10.0, 0.01, 100.0, 0.01, 0.05, 1e-4
+# The bag layer's constants. Each puts the layer where it is linear: a gate far from silu's bend and dt
+# small enough that softplus(x) ~ exp(x); x is read as +u and -u, since silu(z) - silu(-z) = z at any
+# scale. Each also sets how far one optimiser step moves the bag: Adam moves every parameter by about
+# the learning rate per step, so a coordinate's gain must be small. The embedding rows sit at the norm
+# the block's RMSNorm gives them (sqrt(D)) and dt's slope on beta is BAG_DT_SLOPE: one step at 2e-3
+# moves a token's log-weight by about 0.02. (With rows at unit norm and a slope of 100, it moved by 4,
+# and training undid the bag; docs/recurrent-student.md.)
+BAG_GATE, BAG_INPUT, BAG_DT_SLOPE, BAG_DT_BASE, BAG_CONSTANT, BAG_DECAY = 10.0, 1.0, 10.0, 0.01, 0.05, 1e-4
 
 
 def static_bag_student(student, static: torch.Tensor, weights: torch.Tensor, eos_token_id: int) -> None:
     """Set `student` (a fresh `Mamba2Model`) so that its state at EOS is the SIF-weighted sum of the teacher's
     static vectors of the tokens before it, in D-2 principal directions, in place.
 
-    The embedding of token t is [u_t (D-2, unit norm), beta_t, c]: u_t is its static vector in the
-    principal directions, beta_t encodes log w_t and c is a constant. Layer 0's mixer then reads a
-    constant gate from c, the input x_t ~ u_t, constant B and C, dt_t ~ w_t from beta_t and no decay,
-    so its scan sums w_t u_t; its out_proj writes the sum back to the residual stream at unit rms.
+    The embedding of token t is sqrt(D) x [u_t (D-2, unit norm), beta_t, c]: u_t is its static vector
+    in the principal directions, beta_t encodes log w_t and c is a constant. Layer 0's mixer then reads
+    a constant gate from c, the input x_t = [u_t, -u_t] (2 x (D-2) channels), constant B and C,
+    dt_t ~ w_t from beta_t and no decay, so its scan sums w_t silu(u_t) and w_t silu(-u_t); its
+    out_proj writes their difference, the sum of w_t u_t, back to the residual stream at unit rms.
     The other layers start as the identity (out_proj zero). The EOS row keeps no content of its own.
     """
     width = student.config.hidden_size
     content = width - 2
     mixer = student.layers[0].mixer
     inner = mixer.intermediate_size
-    if inner < content:
-        raise ValueError(f"A static bag needs an inner width of at least {content}, got {inner}.")
+    if inner < 2 * content:
+        raise ValueError(f"A static bag needs an inner width of at least {2 * content} (2 x (D-2)), got {inner}.")
     centered = static - static.mean(dim=0)
     directions = torch.linalg.svd(centered, full_matrices=False).Vh[:content]   # [D-2, D]
     units = static @ directions.T
     units = units / units.norm(dim=1, keepdim=True).clamp_min(1e-12)
     # The block's RMSNorm scales a row to norm sqrt(D); beta is set so that BAG_DT_SLOPE x beta's normed
-    # value is log w, since the row's norm is close to sqrt(1 + c^2) (beta is tiny).
+    # value is log w, since the row's norm is close to sqrt(D (1 + c^2)) (beta is small).
     beta = torch.log(weights) * math.sqrt(1 + BAG_CONSTANT ** 2) / (BAG_DT_SLOPE * math.sqrt(width))
     embeddings = torch.cat([units, beta[:, None], torch.full_like(beta[:, None], BAG_CONSTANT)], dim=1)
     embeddings[eos_token_id, :content] = 0
     with torch.no_grad():
-        student.get_input_embeddings().weight.copy_(embeddings)
+        student.get_input_embeddings().weight.copy_(embeddings * math.sqrt(width))
         channels = torch.arange(content)
         in_proj = torch.zeros_like(mixer.in_proj.weight)                 # rows: gate | x | B | C | dt
         in_proj[:inner, content + 1] = BAG_GATE
         in_proj[inner + channels, channels] = BAG_INPUT
+        in_proj[inner + content + channels, channels] = -BAG_INPUT
         in_proj[inner + mixer.conv_dim:, content] = BAG_DT_SLOPE
         mixer.in_proj.weight.copy_(in_proj)
         conv = torch.zeros_like(mixer.conv1d.weight)
@@ -123,8 +130,12 @@ def static_bag_student(student, static: torch.Tensor, weights: torch.Tensor, eos
         mixer.A_log.fill_(math.log(BAG_DECAY))
         mixer.D.zero_()
         mixer.norm.weight.fill_(1.0)
+        # The gated norm scales the sums [S+, S-, 0] to unit rms over the inner width; out_proj writes
+        # S+ - S- (the sum of w_t u_t) back at about unit rms.
+        scale = 0.5 * math.sqrt(inner / (2 * content))
         out_proj = torch.zeros_like(mixer.out_proj.weight)
-        out_proj[channels, channels] = math.sqrt(content / inner)          # the normed sum at unit rms
+        out_proj[channels, channels] = scale
+        out_proj[channels, content + channels] = -scale
         mixer.out_proj.weight.copy_(out_proj)
         for layer in student.layers[1:]:
             layer.mixer.out_proj.weight.zero_()

@@ -92,12 +92,14 @@ def test_sif_weights_are_a_over_a_plus_the_token_frequency(teacher):
     assert weights[tokenizer.unk_token_id].item() == pytest.approx(1e-3 / (1e-3 + 1 / total))
 
 
-def test_a_static_bag_student_embeds_the_weighted_sum_of_its_static_vectors(monkeypatch):
+def test_a_static_bag_student_embeds_the_weighted_sum_of_its_static_vectors():
     """transformers' own Mamba2 forward of a tiny student set by `static_bag_student`: the EOS states of
     texts have the cosines of the texts' SIF-weighted bags of unit static vectors (the principal
-    directions rotate the bag, so only cosines can be compared), and a random student does not. The
-    layer is linear to first order (silu(x) ~ x/2 for small inputs): a tenth of the input scale
-    leaves a tenth of the error."""
+    directions rotate the bag, so only cosines can be compared), and a random student does not. One
+    Adam step at the recipe's learning rate moves each parameter by about that rate, so the bag's
+    gains must be small for training to start from it: after one step on a random loss every EOS
+    vector keeps a cosine above 0.9 to its start (with rows at unit norm and a dt slope of 100, it
+    fell to 0.27)."""
     from transformers import Mamba2Config, Mamba2Model
 
     torch.manual_seed(0)
@@ -109,9 +111,12 @@ def test_a_static_bag_student_embeds_the_weighted_sum_of_its_static_vectors(monk
     weights = torch.rand(vocab, dtype=torch.float64) * 0.999 + 1e-3
     texts = [torch.randint(1, vocab, (n,)).tolist() + [eos] for n in (3, 9, 17, 30, 30)]
 
+    def eos_states(model):
+        return torch.stack([model(input_ids=torch.tensor([t])).last_hidden_state[0, -1] for t in texts])
+
     def eos_cosines(model):
         with torch.no_grad():
-            states = torch.stack([model(input_ids=torch.tensor([t])).last_hidden_state[0, -1] for t in texts]).double()
+            states = eos_states(model).double()
         states = states / states.norm(dim=1, keepdim=True)
         return states @ states.T
 
@@ -126,9 +131,16 @@ def test_a_static_bag_student_embeds_the_weighted_sum_of_its_static_vectors(monk
     expected = bags @ bags.T
     assert (expected - torch.eye(len(texts), dtype=torch.float64)).abs().max() > 0.1  # the texts differ
     torch.testing.assert_close(eos_cosines(bag_student()), expected, atol=0.03, rtol=0)
-    monkeypatch.setattr(student, "BAG_INPUT", student.BAG_INPUT / 10)
-    torch.testing.assert_close(eos_cosines(bag_student()), expected, atol=0.003, rtol=0)
     assert (eos_cosines(Mamba2Model(config)) - expected).abs().max() > 0.05
+
+    model = bag_student()
+    before = eos_states(model).detach()
+    loss = (eos_states(model) * torch.randn_like(before)).sum()
+    loss.backward()
+    torch.optim.Adam(model.parameters(), lr=student.STUDENT_RECIPE["learning_rate"]).step()
+    with torch.no_grad():
+        after = eos_states(model)
+    assert torch.nn.functional.cosine_similarity(before, after, dim=1).min() > 0.9
 
 
 @pytest.fixture(scope="module")
