@@ -270,8 +270,8 @@ def _details(config: dict) -> tuple[str, str, list[tuple[str, str]]]:
         if config.get("distilled_from"):
             summary += (
                 f" Unlike the paper's models (pretrained Mamba2 LMs fine-tuned contrastively), this one is a **student "
-                f"distilled from `{config['distilled_from']}`**: a Mamba2 trained from scratch on the teacher's tokenizer "
-                "to reproduce the teacher's vectors (and InfoNCE on query-page pairs)."
+                f"distilled from `{config['distilled_from']}`**: a Mamba2 with no language-model pretraining, trained on "
+                "the teacher's tokenizer to reproduce the teacher's vectors (and InfoNCE on query-page pairs)."
             )
         details = [
             ("Family", "recurrent (`RecurrentEmbedModel`)"),
