@@ -94,7 +94,7 @@ def static_bag_student(student, static: torch.Tensor, weights: torch.Tensor, eos
     in the principal directions, beta_t encodes log w_t and c is a constant. Layer 0's mixer then reads
     a constant gate from c, the input x_t = [u_t, -u_t] (2 x (D-2) channels), constant B and C,
     dt_t ~ w_t from beta_t and no decay, so its scan sums w_t silu(u_t) and w_t silu(-u_t); its
-    out_proj writes their difference, the sum of w_t u_t, back to the residual stream at unit rms.
+    out_proj writes their difference, the sum of w_t u_t, back to the residual stream at about unit rms.
     The other layers start as the identity (out_proj zero). The EOS row keeps no content of its own.
     """
     width = student.config.hidden_size
