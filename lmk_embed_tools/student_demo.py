@@ -25,6 +25,7 @@ from pathlib import Path
 TEACHER_ID = "sentence-transformers/all-MiniLM-L6-v2"
 TEACHER_ROW = "MiniLM (teacher)"
 WINDOWS_ROW = "MiniLM windows-mean"
+TARGET_ROW = "MiniLM windows, first weighted"  # the student's page target as a retriever
 STUDENT_ROW = "student (EOS)"
 WHOLE_PAGE = 8192  # longer than every page of the test splits but a few: "whole page" for the student
 BUDGETS = {
@@ -45,13 +46,14 @@ def say(text: str) -> None:
 def training_file(out_dir: Path, corpus, teacher, budget: dict, seed: int) -> Path:
     """`train.jsonl` of the budget's rows with the teacher's vectors; reused when its settings match."""
     from lmk_embed_tools.training.recipe import write_rows
-    from lmk_embed_tools.training.student import STUDENT_RECIPE, student_training_rows
+    from lmk_embed_tools.training.student import PAGE_FIRST_WINDOW_WEIGHT, STUDENT_RECIPE, student_training_rows
 
     settings = {"rows": budget["rows"], "seed": seed, "query_max_length": STUDENT_RECIPE["query_max_length"],
-                "passage_max_length": STUDENT_RECIPE["passage_max_length"], "window": teacher.max_seq_length}
+                "passage_max_length": STUDENT_RECIPE["passage_max_length"], "window": teacher.max_seq_length,
+                "first_window_weight": PAGE_FIRST_WINDOW_WEIGHT}
     path, record = out_dir / "train.jsonl", out_dir / "train.settings.json"
     if path.is_file() and record.is_file() and json.loads(record.read_text()) == settings:
-        say(f"  reusing {path} (same rows, lengths and teacher window)")
+        say(f"  reusing {path} (same rows, lengths, teacher window and page target)")
         return path
     rows = student_training_rows(corpus, teacher, STUDENT_RECIPE, budget["rows"], seed=seed)
     write_rows(rows, path)
@@ -62,14 +64,15 @@ def training_file(out_dir: Path, corpus, teacher, budget: dict, seed: int) -> Pa
 
 def evaluate(student_dir: Path, teacher, corpus, budget: dict, out_dir: Path) -> tuple[list[dict], list[dict]]:
     """(rows of `evaluate_jobs` with per-query scores, paired comparisons) on the three demo splits and
-    the deep-evidence splits: the student, the teacher in one pass (its 512-token limit) and on
-    256-token windows averaged, and BM25."""
+    the deep-evidence splits: the student, the teacher in one pass (its 512-token limit), on 256-token
+    windows averaged, and on the same windows with the first weighted (the student's page target), and BM25."""
     from transformers import AutoModel
 
     from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, paired_comparisons
     from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever, WindowsRetriever
     from lmk_embed_tools.evaluation.synthetic import token_counter
     from lmk_embed_tools.training.corpora import deep_evidence_split, evaluation_splits
+    from lmk_embed_tools.training.student import PAGE_FIRST_WINDOW_WEIGHT
 
     splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
     count_tokens = token_counter(teacher.tokenizer)
@@ -82,10 +85,13 @@ def evaluate(student_dir: Path, teacher, corpus, budget: dict, out_dir: Path) ->
     retrievers = [DenseRetriever(student, STUDENT_ROW, progress=False),
                   DenseRetriever(teacher, TEACHER_ROW, progress=False),
                   WindowsRetriever(teacher, WINDOWS_ROW, mode="mean", window=256, progress=False),
+                  WindowsRetriever(teacher, TARGET_ROW, mode="mean", window=256, progress=False,
+                                   first_window_weight=PAGE_FIRST_WINDOW_WEIGHT),
                   BM25Retriever()]
     rows = evaluate_jobs(retrievers, jobs, cache_dir=out_dir / "cache", progress=False, per_query=True)
     pairs = [((STUDENT_ROW, 512), (TEACHER_ROW, 256)), ((STUDENT_ROW, 512), ("BM25", 512)),
-             ((STUDENT_ROW, WHOLE_PAGE), (WINDOWS_ROW, WHOLE_PAGE)), ((STUDENT_ROW, WHOLE_PAGE), ("BM25", WHOLE_PAGE))]
+             ((STUDENT_ROW, WHOLE_PAGE), (WINDOWS_ROW, WHOLE_PAGE)), ((STUDENT_ROW, WHOLE_PAGE), ("BM25", WHOLE_PAGE)),
+             ((STUDENT_ROW, WHOLE_PAGE), (TARGET_ROW, WHOLE_PAGE))]
     return rows, paired_comparisons(rows, pairs)
 
 

@@ -187,16 +187,37 @@ def window_texts(tokenizer, text: str, content: int, max_length: int | None) -> 
     return pieces or [text]
 
 
+def check_first_window_weight(first_window_weight) -> float:
+    """`first_window_weight` as a float, or a ValueError naming it: a number in [0, 1]."""
+    if isinstance(first_window_weight, bool) or not isinstance(first_window_weight, (int, float)) \
+            or not 0.0 <= first_window_weight <= 1.0:
+        raise ValueError(f"`first_window_weight` must be a number in [0, 1], got {first_window_weight!r}.")
+    return float(first_window_weight)
+
+
+def first_weighted_means(windows: list[np.ndarray], first_window_weight: float = 0.0) -> np.ndarray:
+    """Per document its unit window vectors e_1..e_n [n_i, D] -> [N, D] unit vectors
+    normalise(b e_1 + (1 - b) m), m the normalised mean of e_1..e_n and b = `first_window_weight`
+    (already checked): b = 0 is the windows-mean, b = 1 the first window alone."""
+    means = _normalize(np.stack([v.mean(0) for v in windows]))
+    return _normalize(first_window_weight * np.stack([v[0] for v in windows]) + (1 - first_window_weight) * means)
+
+
 class WindowsRetriever(DenseRetriever):
     """The baseline a user builds with any embedding model: each document's first `max_length` tokens
     cut into windows of `window` tokens (special tokens included), each window embedded alone.
 
-    `mode="mean"`: a document is the mean of its unit window vectors (LongEmbed's PCW);
+    `mode="mean"`: a document is the mean of its unit window vectors (LongEmbed's PCW), or with
+    `first_window_weight` b > 0 that mean and its first window mixed (`first_weighted_means`);
     `mode="max"`: a document scores its best window (a multi-vector index of windows)."""
 
-    def __init__(self, model, name: str, mode: str = "mean", window: int | None = None, **kwargs):
+    def __init__(self, model, name: str, mode: str = "mean", window: int | None = None, first_window_weight: float = 0.0,
+                 **kwargs):
         if mode not in ("mean", "max"):
             raise ValueError(f"`mode` must be 'mean' or 'max', got {mode!r}")
+        self.first_window_weight = check_first_window_weight(first_window_weight)
+        if mode == "max" and self.first_window_weight:
+            raise ValueError("`first_window_weight` weighs the windows' mean: it needs mode='mean'.")
         super().__init__(model, name, **kwargs)
         self.mode, self.window = mode, int(window or default_window(model))
         if self.limit is not None and self.window > self.limit:
@@ -227,7 +248,10 @@ class WindowsRetriever(DenseRetriever):
         self.vectors_per_document = float(np.mean([len(v) for v in windows])) if self.mode == "max" else 1.0
         query = self.query_vectors(queries, self.window)
         started = time.perf_counter()
-        scores = late_interaction_scores(query, windows, self.mode)
+        if self.mode == "mean":
+            scores = query @ first_weighted_means(windows, self.first_window_weight).T
+        else:
+            scores = late_interaction_scores(query, windows, self.mode)
         self.scoring_seconds = time.perf_counter() - started
         return scores
 

@@ -184,13 +184,23 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "static
     return folder
 
 
-def teacher_page_vectors(teacher, texts: list[str], window: int | None = None, batch_size: int = 32) -> np.ndarray:
-    """The teacher's unit vector of each whole text [n, D]: one pass when the text fits its window,
-    else the normalised mean of its windows' unit vectors (every token read, none truncated).
+# The weight of a page target's first window (`teacher_page_vectors`): 0 is the teacher's windows-mean,
+# 1 its one pass over the first window alone. As a retriever the windows-mean ranks pages well below
+# the one pass, and the student cannot beat its target; the validation source chose 0.75 among the
+# targets that still read the whole page (docs/recurrent-student.md).
+PAGE_FIRST_WINDOW_WEIGHT = 0.75
+
+
+def teacher_page_vectors(teacher, texts: list[str], window: int | None = None, batch_size: int = 32,
+                         first_window_weight: float = 0.0) -> np.ndarray:
+    """The teacher's unit vector of each whole text [n, D], every token read, none truncated: one pass
+    when the text fits its window; else its windows' unit vectors, averaged with the first weighted by
+    `first_window_weight` b (`first_weighted_means`; b = 0, the default, is the windows-mean baseline).
 
     `teacher` is a SentenceTransformer; `window` defaults to its `max_seq_length`."""
-    from lmk_embed_tools.evaluation.retrievers import window_texts
+    from lmk_embed_tools.evaluation.retrievers import check_first_window_weight, first_weighted_means, window_texts
 
+    first_window_weight = check_first_window_weight(first_window_weight)
     window = int(window or teacher.max_seq_length)
     content = max(window - teacher.tokenizer.num_special_tokens_to_add(), 1)
     pieces = [window_texts(teacher.tokenizer, text, content, None) for text in texts]
@@ -202,8 +212,7 @@ def teacher_page_vectors(teacher, texts: list[str], window: int | None = None, b
     finally:
         teacher.max_seq_length = previous
     bounds = np.cumsum([0] + [len(row) for row in pieces])
-    means = np.stack([vectors[a:b].mean(axis=0) for a, b in zip(bounds[:-1], bounds[1:])])
-    return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+    return first_weighted_means([vectors[a:b] for a, b in zip(bounds[:-1], bounds[1:])], first_window_weight)
 
 
 def cut_to_tokens(tokenizer, texts: list[str], max_tokens: int) -> list[str]:
@@ -218,17 +227,20 @@ def cut_to_tokens(tokenizer, texts: list[str], max_tokens: int) -> list[str]:
     return cut
 
 
-def add_student_teacher_embeddings(rows: list[dict], teacher, query_max_length: int, passage_max_length: int,
-                                   window: int | None = None, batch_size: int = 32) -> list[dict]:
+def add_student_teacher_embeddings(rows: list[dict], teacher, query_max_length: int, passage_max_length: int, *,
+                                   first_window_weight: float, window: int | None = None,
+                                   batch_size: int = 32) -> list[dict]:
     """Cut each row's texts to what the student reads (max length less its EOS) and set `teacher_embeddings`
     to the teacher's vectors [query, positive, negatives...]: queries in one pass, pages as
-    `teacher_page_vectors` (windows past the teacher's length). Rounded to 6 decimals."""
+    `teacher_page_vectors` with `first_window_weight` (windows past the teacher's length). Rounded to
+    6 decimals."""
     tokenizer = teacher.tokenizer
     queries = cut_to_tokens(tokenizer, [r["query"] for r in rows], query_max_length - 1)
     per_row = 1 + len(rows[0]["negatives"]) if rows else 0
     pages = cut_to_tokens(tokenizer, [p for r in rows for p in [r["positive"], *r["negatives"]]], passage_max_length - 1)
     query_vectors = teacher_page_vectors(teacher, queries, window, batch_size)
-    page_vectors = teacher_page_vectors(teacher, pages, window, batch_size).reshape(len(rows), per_row, -1)
+    page_vectors = teacher_page_vectors(teacher, pages, window, batch_size, first_window_weight)
+    page_vectors = page_vectors.reshape(len(rows), per_row, -1)
     for i, row in enumerate(rows):
         row["query"], row["positive"], row["negatives"] = queries[i], pages[i * per_row], pages[i * per_row + 1:(i + 1) * per_row]
         vectors = np.concatenate([query_vectors[i][None], page_vectors[i]])
@@ -239,7 +251,8 @@ def add_student_teacher_embeddings(rows: list[dict], teacher, query_max_length: 
 # The student's recipe (`train_student`): the whole model trains (nothing of it is pretrained but
 # the embeddings), InfoNCE with in-batch negatives plus `distill_weight` x the cosine distance to the
 # teacher's vectors, under bfloat16 autocast where the CPU has it (AVX512_BF16 / AMX). Pages are read
-# to 512 tokens and their teacher vector is the windows-mean past 256. Weights were chosen on the
+# to 512 tokens; past 256 their teacher vector weighs the first window and the windows-mean
+# (`PAGE_FIRST_WINDOW_WEIGHT`). Weights were chosen on the
 # validation source (docs/recurrent-student.md).
 STUDENT_RECIPE = {
     "finetune": "full",
@@ -266,11 +279,13 @@ def cpu_has_bf16() -> bool:
 
 def student_training_rows(corpus, teacher, recipe: dict, max_rows: int | None, seed: int = 0) -> list[dict]:
     """The recipe's (synopsis, page) rows from the training sources, cut to the student's lengths, with
-    the teacher's vectors (`add_student_teacher_embeddings`)."""
+    the teacher's vectors (`add_student_teacher_embeddings`, pages' first windows at
+    `PAGE_FIRST_WINDOW_WEIGHT`)."""
     from .recipe import docs_training_rows
 
     rows = docs_training_rows(corpus, num_negatives=recipe["num_negatives"], max_rows=max_rows, seed=seed)
-    return add_student_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["passage_max_length"])
+    return add_student_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["passage_max_length"],
+                                          first_window_weight=PAGE_FIRST_WINDOW_WEIGHT)
 
 
 def student_texts(train_file: str | Path) -> list[str]:

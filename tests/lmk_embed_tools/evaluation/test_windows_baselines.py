@@ -51,6 +51,15 @@ def test_windows_cover_the_budget_and_are_scored_as_the_mean_or_the_best(base):
     mean = WindowsRetriever(base, "w", mode="mean", window=130, progress=False).scores(queries, documents, 1000,
                                                                                        EmbeddingCache(None))
     np.testing.assert_allclose(mean[:, 0], query @ unit(windows.mean(0)), atol=1e-5)
+    weighted = WindowsRetriever(base, "w", mode="mean", window=130, first_window_weight=0.75, progress=False)
+    scores = weighted.scores(queries, documents, 1000, EmbeddingCache(None))
+    np.testing.assert_allclose(scores[:, 0], query @ unit(0.75 * windows[0] + 0.25 * unit(windows.mean(0))), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode, weight", [("mean", 1.5), ("mean", -0.5), ("mean", "0.5"), ("max", 0.5)])
+def test_a_bad_first_window_weight_is_named(base, mode, weight):
+    with pytest.raises(ValueError, match="first_window_weight"):
+        WindowsRetriever(base, "w", mode=mode, first_window_weight=weight, progress=False)
 
 
 def test_our_lmk_windows_hold_their_landmarks_without_truncation(minilm_lmk_checkpoint):

@@ -17,9 +17,10 @@ def teacher(minilm_path):
     return SentenceTransformer(str(minilm_path), device="cpu")
 
 
-def reference_window_mean(teacher, text: str, content: int) -> np.ndarray:
+def reference_window_mean(teacher, text: str, content: int, first_window_weight: float = 0.0) -> np.ndarray:
     """Direct computation: the text's token ids cut into runs of `content`, each run framed by
-    [CLS] ... [SEP] and mean-pooled by the bare BERT, the runs' unit vectors averaged and normalised."""
+    [CLS] ... [SEP] and mean-pooled by the bare BERT, the runs' unit vectors averaged and normalised,
+    then b x the first run's unit vector plus (1 - b) x that mean, normalised."""
     tokenizer, bert = teacher.tokenizer, teacher[0].auto_model
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     vectors = []
@@ -30,7 +31,8 @@ def reference_window_mean(teacher, text: str, content: int) -> np.ndarray:
         vector = states.mean(0).numpy()
         vectors.append(vector / np.linalg.norm(vector))
     mean = np.mean(vectors, axis=0)
-    return mean / np.linalg.norm(mean)
+    mixed = first_window_weight * vectors[0] + (1 - first_window_weight) * mean / np.linalg.norm(mean)
+    return mixed / np.linalg.norm(mixed)
 
 
 def test_a_long_page_gets_the_mean_of_its_window_vectors(teacher):
@@ -44,14 +46,30 @@ def test_a_long_page_gets_the_mean_of_its_window_vectors(teacher):
     assert teacher.max_seq_length == 256  # the teacher's own setting is restored
 
 
+def test_a_long_pages_target_weighs_its_first_window(teacher):
+    short = "json: JSON encoder and decoder."
+    long = " ".join(f"Section {i}: the parser reads token {i * 7} and writes record {i * 3}." for i in range(60))
+    found = student.teacher_page_vectors(teacher, [short, long], window=64, first_window_weight=0.75)
+    np.testing.assert_allclose(found[0], teacher.encode(short, normalize_embeddings=True), atol=1e-5)  # one window
+    np.testing.assert_allclose(found[1], reference_window_mean(teacher, long, 62, first_window_weight=0.75), atol=1e-5)
+    first = student.teacher_page_vectors(teacher, [long], window=64, first_window_weight=1.0)[0]
+    mean = student.teacher_page_vectors(teacher, [long], window=64)[0]
+    assert float(first @ mean) < 0.99  # the weight moves the target
+    for bad in (-0.1, 1.5, True, "half"):
+        with pytest.raises(ValueError, match="first_window_weight"):
+            student.teacher_page_vectors(teacher, [short], first_window_weight=bad)
+
+
 def test_rows_are_cut_to_what_the_student_reads(teacher):
     rows = [{"query": "word " * 100, "positive": "page " * 900, "negatives": []}]
-    student.add_student_teacher_embeddings(rows, teacher, query_max_length=16, passage_max_length=512)
+    student.add_student_teacher_embeddings(rows, teacher, query_max_length=16, passage_max_length=512,
+                                           first_window_weight=0.75)
     count = lambda text: len(teacher.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     assert count(rows[0]["query"]) == 15 and count(rows[0]["positive"]) == 511  # less the student's EOS
     vectors = np.asarray(rows[0]["teacher_embeddings"])
     assert vectors.shape == (2, 384)
-    np.testing.assert_allclose(vectors[1], student.teacher_page_vectors(teacher, [rows[0]["positive"]])[0], atol=1e-5)
+    page = student.teacher_page_vectors(teacher, [rows[0]["positive"]], first_window_weight=0.75)[0]
+    np.testing.assert_allclose(vectors[1], page, atol=1e-5)
 
 
 def test_the_student_starts_from_the_teachers_tokenizer_and_word_embeddings(minilm_path, tmp_path):
@@ -157,7 +175,8 @@ def trained(tmp_path_factory, minilm_path, teacher):
              [("json", "JSON"), ("csv", "CSV files"), ("zipfile", "ZIP archives"), ("re", "regular expressions"),
               ("math", "mathematics"), ("time", "time access"), ("heapq", "heap queues"), ("glob", "path patterns")]]
     rows = [{"query": text.split(":")[1], "positive": text * 3, "negatives": []} for text in texts]
-    student.add_student_teacher_embeddings(rows, teacher, query_max_length=16, passage_max_length=48)
+    student.add_student_teacher_embeddings(rows, teacher, query_max_length=16, passage_max_length=48,
+                                           first_window_weight=student.PAGE_FIRST_WINDOW_WEIGHT)
     train_file = write_rows(rows, folder / "train.jsonl")
     seen = []
     forward = RecurrentEmbedModel.forward
