@@ -3,12 +3,13 @@
 1. Build the documentation corpora (as `make demo` does: the same training, validation and test
    sources) and the student's training rows: (synopsis, page) pairs cut to what the student reads,
    with MiniLM's vector of every text (`teacher_embeddings`; a page longer than MiniLM reads gets
-   the mean of its window vectors), cached in `train.jsonl`.
+   its window vectors' mean mixed with its first window's), cached in `train.jsonl`.
 2. Initialise a Mamba2 student on MiniLM's tokenizer, by default as a bag of MiniLM's static token
    vectors (`--init`), convert it with `convert_to_recurrent` and train it with `finetune.train`
    (InfoNCE + embedding distillation).
-3. Score it beside MiniLM (256 and 512 tokens, windows-mean on whole pages) and BM25 on the demo's
-   three splits and the deep-evidence long-document splits, with paired bootstrap intervals.
+3. Score it beside MiniLM (256 and 512 tokens; on whole pages windows-mean and the page target)
+   and BM25 on the demo's three splits and the deep-evidence long-document splits, with paired
+   bootstrap intervals.
 4. Record its results, write its card and stage it with `push --dry-run`.
 
 Whatever the numbers show is printed as is.

@@ -9,6 +9,7 @@ plain SentenceTransformer such as the untouched base (its `max_seq_length` set p
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
 from contextlib import contextmanager
@@ -189,17 +190,21 @@ def window_texts(tokenizer, text: str, content: int, max_length: int | None) -> 
 
 def check_first_window_weight(first_window_weight) -> float:
     """`first_window_weight` as a float, or a ValueError naming it: a number in [0, 1]."""
-    if isinstance(first_window_weight, bool) or not isinstance(first_window_weight, (int, float)) \
+    if isinstance(first_window_weight, bool) or not isinstance(first_window_weight, numbers.Real) \
             or not 0.0 <= first_window_weight <= 1.0:
         raise ValueError(f"`first_window_weight` must be a number in [0, 1], got {first_window_weight!r}.")
     return float(first_window_weight)
 
 
-def first_weighted_means(windows: list[np.ndarray], first_window_weight: float = 0.0) -> np.ndarray:
+def first_weighted_means(windows: list[np.ndarray], first_window_weight: float) -> np.ndarray:
     """Per document its unit window vectors e_1..e_n [n_i, D] -> [N, D] unit vectors
     normalise(b e_1 + (1 - b) m), m the normalised mean of e_1..e_n and b = `first_window_weight`
     (already checked): b = 0 is the windows-mean, b = 1 the first window alone."""
+    if any(len(v) == 0 for v in windows):
+        raise ValueError("every document needs at least one window vector")
     means = _normalize(np.stack([v.mean(0) for v in windows]))
+    if first_window_weight == 0:
+        return means
     return _normalize(first_window_weight * np.stack([v[0] for v in windows]) + (1 - first_window_weight) * means)
 
 

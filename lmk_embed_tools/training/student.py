@@ -9,8 +9,9 @@ text (embedding distillation, as Model2Vec / tokenlearn do for static embeddings
 (synopsis, page) pairs, through the package's ordinary path: `init_student` writes the backbone,
 `convert_to_recurrent` makes it a checkpoint, `finetune.train` trains it.
 
-A page longer than the teacher reads gets the mean of the teacher's window vectors (LongEmbed's
-PCW, the `windows-mean` baseline), so the student learns to embed whole pages in one recurrent pass.
+A page longer than the teacher reads gets a target from every one of the teacher's window vectors
+(their mean, LongEmbed's PCW, mixed with the first window: `teacher_page_vectors`), so the student
+learns to embed whole pages in one recurrent pass.
 """
 
 from __future__ import annotations

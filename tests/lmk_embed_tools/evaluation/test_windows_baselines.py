@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from lmk_embed_tools.evaluation.cache import EmbeddingCache
-from lmk_embed_tools.evaluation.retrievers import WindowsRetriever, window_content, window_texts
+from lmk_embed_tools.evaluation.retrievers import (WindowsRetriever, check_first_window_weight, first_weighted_means,
+                                                   window_content, window_texts)
 from tests import helpers
 
 
@@ -54,6 +55,15 @@ def test_windows_cover_the_budget_and_are_scored_as_the_mean_or_the_best(base):
     weighted = WindowsRetriever(base, "w", mode="mean", window=130, first_window_weight=0.75, progress=False)
     scores = weighted.scores(queries, documents, 1000, EmbeddingCache(None))
     np.testing.assert_allclose(scores[:, 0], query @ unit(0.75 * windows[0] + 0.25 * unit(windows.mean(0))), atol=1e-5)
+
+
+def test_first_weighted_means_mix_the_first_window_and_the_mean():
+    windows = [unit(np.array([[1.0, 0.0], [0.0, 1.0]])), unit(np.array([[3.0, 4.0]]))]
+    np.testing.assert_allclose(first_weighted_means(windows, 0.0), [unit(np.array([1.0, 1.0])), [0.6, 0.8]])
+    np.testing.assert_allclose(first_weighted_means(windows, 1.0), [[1.0, 0.0], [0.6, 0.8]])
+    assert check_first_window_weight(np.float32(0.5)) == 0.5
+    with pytest.raises(ValueError, match="at least one window"):
+        first_weighted_means([np.zeros((0, 2))], 0.5)
 
 
 @pytest.mark.parametrize("mode, weight", [("mean", 1.5), ("mean", -0.5), ("mean", "0.5"), ("max", 0.5)])
