@@ -45,6 +45,9 @@ class TrainConfig:
     position_skipping_share: float = field(default=1.0, metadata={
         "help": "With position_skipping: the share of passages given skipped ids; the others keep their own "
                 "positions (on the original rows, at most Lo tokens)."})
+    freeze_input_embeddings: bool = field(default=False, metadata={
+        "help": "finetune='full': keep the token embedding matrix as it is, so that tokens unseen in training stay "
+                "in the space the trained layers read."})
     lora_r: int = 16
     lora_alpha: int = 16
     lora_dropout: float = 0.0
@@ -121,6 +124,9 @@ class TrainConfig:
             raise ValueError(f"`position_skipping_share` must be in (0, 1], got {self.position_skipping_share!r}.")
         if self.position_skipping_share != 1 and not self.position_skipping:
             raise ValueError("`position_skipping_share` applies with `position_skipping: true` only.")
+        if self.freeze_input_embeddings and self.finetune != "full":
+            raise ValueError(f"`freeze_input_embeddings` applies with finetune='full' only (got {self.finetune!r}, "
+                             "which trains no embeddings).")
         if self.distill_weight < 0:
             raise ValueError(f"`distill_weight` must be >= 0, got {self.distill_weight!r}.")
         choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora", "positions"), "save_mode": ("merged", "adapter"),

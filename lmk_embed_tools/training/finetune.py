@@ -293,6 +293,8 @@ def load_sentence_transformer(config: TrainConfig, family: str, backbone_type: s
     embedder = st.transformers_model
     apply_overrides(embedder, config, family)
     set_dropout(embedder, config.dropout, config.attention_dropout)
+    if config.freeze_input_embeddings:
+        embedder.get_input_embeddings().weight.requires_grad_(False)  # the trainer's optimizer skips it
     if config.finetune == "qlora":
         from peft import prepare_model_for_kbit_training
 

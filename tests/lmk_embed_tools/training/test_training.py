@@ -398,6 +398,20 @@ def test_bf16_and_gradient_checkpointing(which, request, tmp_path, toy_jsonl):
     assert len(losses) == 2 and all(np.isfinite(losses))
 
 
+def test_frozen_input_embeddings_stay_while_the_layers_train(mamba2_checkpoint, tmp_path, toy_jsonl):
+    from safetensors.torch import load_file
+
+    result = train(run_config(mamba2_checkpoint, tmp_path, data=toy_jsonl, finetune="full", freeze_input_embeddings=True,
+                              max_steps=2))
+    before, after = load_file(mamba2_checkpoint / "model.safetensors"), load_file(result["final_dir"] / "model.safetensors")
+    embeddings = [name for name in before if name.endswith("embeddings.weight")]
+    assert len(embeddings) == 1
+    assert torch.equal(before[embeddings[0]], after[embeddings[0]])
+    assert any(not torch.equal(before[name], after[name]) for name in before if "in_proj" in name)
+    with pytest.raises(ValueError, match="freeze_input_embeddings"):
+        run_config(mamba2_checkpoint, tmp_path, data=toy_jsonl, freeze_input_embeddings=True)  # LoRA trains none
+
+
 def test_qlora_one_step_on_cpu(lmk_checkpoint, tmp_path, toy_jsonl):
     """The tiny ModernBERT's widths are multiples of 32, which bitsandbytes' CPU 4-bit kernels need."""
     result = train(run_config(lmk_checkpoint, tmp_path, data=toy_jsonl, finetune="qlora", max_steps=2))
