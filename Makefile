@@ -30,7 +30,7 @@ demo: $(STAMP)
 train-full: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/lmk-embed demo --budget full
 
-# The recurrent student of MiniLM with the full budget (two epochs of every training row, seed 0);
+# The recurrent student of MiniLM with the full budget (three epochs of every training row, seed 0);
 # `lmk-embed train-student` alone is the demo budget (minutes).
 train-student: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/lmk-embed train-student --budget full
