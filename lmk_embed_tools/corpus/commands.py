@@ -67,7 +67,8 @@ def add_search_command(subparsers) -> None:
     parser.add_argument("--top-k", type=positive_int, default=10)
     parser.add_argument("--fuse", type=float, default=0.0,
                         help="weight of the document vector beside max-sim (0: max-sim only; 1: the document vector)")
-    parser.add_argument("--model", default=None, help="the query encoder (default: the model that encoded the corpus)")
+    parser.add_argument("--model", default=None, help="the query encoder: a copy of the model that encoded the corpus "
+                        "(same files; another model is refused), default: the one the manifest names")
     parser.add_argument("--json", action="store_true", help="print the hits as JSON lines")
     parser.set_defaults(handler=run_search)
 
@@ -77,14 +78,10 @@ def run_search(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.fuse <= 1.0:
         raise UsageError(f"--fuse must be between 0 and 1, got {args.fuse}")
-    model = None
     if args.model is not None:
-        check_source(args.model)
-        from .worker import load_model
-
-        model = load_model({"source": args.model})  # its own code, as the corpus's encoder is loaded
-    try:
-        results = search_corpus(args.index, args.queries, top_k=args.top_k, fuse=args.fuse, model=model)
+        check_source(args.model, "--model")
+    try:  # --model is loaded only once it is known to be the model that encoded INDEX
+        results = search_corpus(args.index, args.queries, top_k=args.top_k, fuse=args.fuse, model=args.model)
     except (SearchError, ImportError) as error:
         raise UsageError(one_line(error)) from None
     for query, hits in zip(args.queries, results):

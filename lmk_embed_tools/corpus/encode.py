@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -18,8 +19,11 @@ OUTPUT_VALUES = ("embedding", "landmarks")
 DTYPES = ("float32", "float16")
 PROMPT_NAMES = ("document", "query")
 BACKENDS = ("torch", "onnx")
-# Files whose bytes decide a local checkpoint's outputs (its README does not).
-_MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".py", ".txt", ".model")
+# Files whose bytes decide a local checkpoint's outputs (its README does not); pickled weights
+# (pytorch_model.bin) load too, so they are part of its identity.
+_MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".py", ".txt", ".model")
+# The checkpoints whose own `encode()` encode-corpus runs (others have no `resolve` or landmarks).
+OUR_MODEL_TYPES = ("lmk_embedder", "recurrent_embedder")
 
 
 class CorpusSettingsError(ValueError):
@@ -37,19 +41,24 @@ def _choice(name: str, value, choices) -> str:
     return value
 
 
+def folder_sha256(path: Path) -> str:
+    """sha256 over the names and bytes of the files that decide a checkpoint folder's outputs."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES):
+        digest.update(file.name.encode() + b"\0")
+        shard_files.update_digest(digest, file)
+    return "sha256:" + digest.hexdigest()
+
+
 def describe_model(model: str) -> tuple[dict, Path]:
     """The model's identity for the manifest, and the local folder holding its files.
 
-    A folder is identified by a sha256 over the files that decide its outputs; a Hub id by the
-    commit of the snapshot it resolves to (offline: the cached one).
+    A folder is identified by a sha256 over the files that decide its outputs (`folder_sha256`); a
+    Hub id by the commit of the snapshot it resolves to (offline: the cached one).
     """
     path = Path(model)
     if path.is_dir():
-        digest = hashlib.sha256()
-        for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES):
-            digest.update(file.name.encode() + b"\0")
-            shard_files.update_digest(digest, file)
-        return {"source": str(path.resolve()), "revision": None, "sha256": "sha256:" + digest.hexdigest()}, path
+        return {"source": str(path.resolve()), "revision": None, "sha256": folder_sha256(path)}, path
     if path.exists():
         raise CorpusArgumentError(f"MODEL {model!r} is a file; give the checkpoint's folder or a Hub id")
     from huggingface_hub import snapshot_download
@@ -75,6 +84,11 @@ def _check_model_settings(identity: dict, folder: Path, settings: dict) -> None:
             raise CorpusArgumentError(f"MODEL {identity['source']!r} holds a LoRA adapter, not a full checkpoint: merge it "
                                       "into its base (`lmk-embed train --save_mode merged`) and encode with that")
         raise CorpusArgumentError(f"MODEL {identity['source']!r} is not a checkpoint (no config.json)")
+    family = json.loads((folder / "config.json").read_text()).get("model_type")
+    if family not in OUR_MODEL_TYPES:  # a foreign AutoModel would load, then fail inside encode
+        raise CorpusArgumentError(f"MODEL {identity['source']!r} is a {family!r} checkpoint, not one of lmk-embed's "
+                                  f"{list(OUR_MODEL_TYPES)}: convert it first (`lmk-embed convert-lmk` or "
+                                  "`convert-recurrent`)")
     try:
         with quiet_model_loading():  # a refusal below must be the only line printed
             # an ONNX graph exported from other weights than the folder's is refused by the
@@ -184,7 +198,7 @@ def encode_corpus(
     """
     _check_arguments(batch_size=batch_size, num_workers=num_workers, shard_size=shard_size, max_length=max_length,
                      engine=engine, output_value=output_value, dtype=dtype, prompt_name=prompt_name, backend=backend,
-                     text_field=text_field, id_field=id_field, path_field=path_field)
+                     text_field=text_field, id_field=id_field, path_field=path_field, gpus_per_worker=gpus_per_worker)
 
     output_dir = Path(output_dir)
     manifest = _check_output_dir(output_dir)
@@ -215,7 +229,9 @@ def encode_corpus(
         "format": shard_files.FORMAT,
         "model": identity,
         "settings": settings,
-        "input": {"paths": [s.path for s in sources], "formats": [s.format for s in sources], "rows": total},
+        # Where the rows came from, as a record (absolute); search never reads INPUT: shards hold the text.
+        "input": {"paths": [os.path.abspath(s.path) for s in sources], "formats": [s.format for s in sources],
+                  "rows": total},
         "dimension": _dimension(identity),
         "num_shards": len(plan),
         "shards": [],
@@ -243,7 +259,7 @@ def encode_corpus(
 
 
 def _check_arguments(*, batch_size, num_workers, shard_size, max_length, engine, output_value, dtype, prompt_name,
-                     backend, text_field, id_field, path_field) -> None:
+                     backend, text_field, id_field, path_field, gpus_per_worker) -> None:
     """Every argument of `encode_corpus` that is not a path, checked before anything is read or written."""
     for name, value in (("batch_size", batch_size), ("num_workers", num_workers), ("shard_size", shard_size)):
         check_positive_int(name, value, CorpusArgumentError)
@@ -258,6 +274,9 @@ def _check_arguments(*, batch_size, num_workers, shard_size, max_length, engine,
             continue
         if not isinstance(value, str) or not value:
             raise CorpusArgumentError(f"`{name}` must be a non-empty string, got {value!r}")
+    if isinstance(gpus_per_worker, bool) or not isinstance(gpus_per_worker, (int, float)) or \
+            not math.isfinite(gpus_per_worker) or gpus_per_worker < 0:
+        raise CorpusArgumentError(f"`gpus_per_worker` must be a number >= 0, got {gpus_per_worker!r}")
 
 
 def _check_same_settings(output_dir: Path, manifest: dict | None, settings: dict) -> None:

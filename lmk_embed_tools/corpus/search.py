@@ -11,6 +11,10 @@ landmark was seen). With `fuse` > 0 the score is `(1 - fuse) * max-sim + fuse * 
 document vector)`: candidates come from both the landmark and the document index, then each is
 scored exactly. FAISS was chosen by measurement (`python -m benchmarks.landmark_index`,
 docs/corpus-encoding.md).
+
+The index is a record: the shards hold each document's text, so a passage is cut from the text
+that was encoded, wherever the search runs and whatever became of INPUT. Opening checks the
+manifest, the shards and the query model against each other (`verify`).
 """
 
 from __future__ import annotations
@@ -21,12 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import shards as shard_files
-from .inputs import Source, read_range
-
-
-class SearchError(ValueError):
-    """A folder that is not a landmark corpus, or a bad search argument; the message names it."""
+from . import verify
+from .verify import SearchError
 
 
 def require_faiss():
@@ -79,13 +79,16 @@ class LandmarkIndex:
 
     vectors: float32 [L, D] unit landmark vectors, documents contiguous; owner [L]: each landmark's
     document (0..N-1); first [N]: each document's first landmark; spans int64 [L, 2];
-    document_vectors float32 [N, D]; ids: the N document ids.
+    document_vectors float32 [N, D]; ids: the N document ids; texts: the N texts the spans index
+    (None: hits get no passage). N may be 0 (an empty corpus searches to no hits).
     """
 
     def __init__(self, ids: list, vectors: np.ndarray, owner: np.ndarray, spans: np.ndarray,
-                 document_vectors: np.ndarray, folder: Path | None = None):
+                 document_vectors: np.ndarray, folder: Path | None = None, texts: list[str] | None = None,
+                 manifest: dict | None = None):
         faiss = require_faiss()
-        self.ids, self.owner, self.spans, self.folder = ids, owner, spans, folder
+        self.ids, self.owner, self.spans, self.folder, self.texts = ids, owner, spans, folder, texts
+        self.manifest = manifest
         self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         self.document_vectors = np.ascontiguousarray(document_vectors, dtype=np.float32)
         self.first = np.searchsorted(owner, np.arange(len(ids)))
@@ -96,24 +99,16 @@ class LandmarkIndex:
 
     @classmethod
     def from_corpus(cls, folder) -> "LandmarkIndex":
-        """Read every shard of a complete `encode-corpus --output-value landmarks` folder."""
-        import pyarrow.parquet as pq
-
+        """Read every shard of a complete `encode-corpus --output-value landmarks` folder, each
+        checked against the manifest (`verify`); a damaged index raises `SearchError`."""
         folder = Path(folder)
-        if not folder.is_dir():
-            raise SearchError(f"INDEX {str(folder)!r} is not a folder written by encode-corpus")
-        manifest = shard_files.read_manifest(folder)
-        if manifest is None:
-            raise SearchError(f"INDEX {str(folder)!r} has no {shard_files.MANIFEST}: it was not written by encode-corpus")
-        if manifest["settings"].get("output_value") != "landmarks":
-            raise SearchError(f"INDEX {str(folder)!r} holds document vectors only: encode the corpus with "
-                              "`--output-value landmarks`")
-        if not manifest.get("complete"):
-            raise SearchError(f"INDEX {str(folder)!r} is not complete: run the same encode-corpus command again to finish it")
-        ids, vectors, spans, owner, documents = [], [], [], [], []
-        for record in manifest["shards"]:
-            table = pq.read_table(folder / record["file"])
-            dim = manifest["dimension"]
+        manifest = verify.read_index_manifest(folder)
+        dim = manifest["dimension"]
+        ids, texts = [], []
+        vectors, spans, owner, documents = [np.empty((0, dim), np.float32)], [np.empty((0, 2), np.int64)], \
+            [np.empty(0, np.int64)], [np.empty((0, dim), np.float32)]  # an empty corpus is an empty index
+        for record in verify.check_shard_list(folder, manifest):
+            table = verify.read_shard(folder, record, dim)
             counts = np.diff(table.column("landmarks").combine_chunks().offsets.to_numpy())
             flat = table.column("landmarks").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
             vectors.append(flat.reshape(-1, dim).astype(np.float32))
@@ -123,16 +118,24 @@ class LandmarkIndex:
             documents.append(table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
                              .reshape(-1, dim).astype(np.float32))
             ids += table.column("id").to_pylist()
+            texts += table.column("text").to_pylist()
         return cls(ids, _unit(np.concatenate(vectors)), np.concatenate(owner), np.concatenate(spans),
-                   _unit(np.concatenate(documents)), folder)
+                   _unit(np.concatenate(documents)), folder, texts, manifest)
 
-    @property
-    def manifest(self) -> dict:
-        return shard_files.read_manifest(self.folder)
+    def _queries(self, queries: np.ndarray) -> np.ndarray:
+        """[Q, D] unit float32 queries, their width checked against the index's."""
+        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        if queries.ndim != 2 or queries.shape[1] != self.vectors.shape[1]:
+            raise SearchError(f"query vectors of shape {list(queries.shape)} for an index of width "
+                              f"{self.vectors.shape[1]}: embed queries with the model that encoded the corpus")
+        return _unit(queries)
 
     def max_sim(self, queries: np.ndarray) -> np.ndarray:
         """Exact max-sim of every document, by a direct scan: queries [Q, D] -> [Q, N] (the reference)."""
-        similarity = _unit(queries) @ self.vectors.T
+        queries = self._queries(queries)
+        if not self.ids:
+            return np.zeros((len(queries), 0), dtype=np.float32)
+        similarity = queries @ self.vectors.T
         return np.maximum.reduceat(similarity, self.first, axis=1)
 
     def search(self, queries: np.ndarray, top_k: int = 10, fuse: float = 0.0) -> list[list[Hit]]:
@@ -141,7 +144,9 @@ class LandmarkIndex:
             raise SearchError(f"`top_k` must be a positive integer, got {top_k!r}")
         if not 0.0 <= fuse <= 1.0:
             raise SearchError(f"`fuse` must be between 0 and 1, got {fuse!r}")
-        queries = _unit(np.atleast_2d(np.asarray(queries, dtype=np.float32)))
+        queries = self._queries(queries)
+        if not self.ids:
+            return [[] for _ in queries]
         top_k = min(top_k, len(self.ids))
         return [self._search_one(query, top_k, fuse) for query in queries]
 
@@ -174,16 +179,11 @@ class LandmarkIndex:
         return int(self.first[document + 1]) if document + 1 < len(self.first) else len(self.owner)
 
     def passages(self, hits: list[Hit]) -> list[Hit]:
-        """Fill each hit's `text` with its span of the document, read from the corpus's INPUT."""
-        manifest = self.manifest
-        settings = manifest["settings"]
-        sources = [Source(path, kind, info["rows"], info["fingerprint"]) for path, kind, info in
-                   zip(manifest["input"]["paths"], manifest["input"]["formats"], settings["input"])]
+        """Fill each hit's `text` with its span of the document, from the text stored in the index."""
+        if self.texts is None:
+            raise SearchError("this index was built without its texts: give `texts` to show passages")
         for hit in hits:
-            _, texts = read_range(sources, hit.row, hit.row + 1, settings["text_field"] or "text",
-                                  settings["id_field"], settings.get("path_field"))
-            text = texts[0] if isinstance(texts[0], str) else Path(texts[0]).read_text(encoding="utf-8")
-            hit.text = text[hit.span[0]:hit.span[1]]
+            hit.text = self.texts[hit.row][hit.span[0]:hit.span[1]]
         return hits
 
 
@@ -193,13 +193,24 @@ def _unit(vectors: np.ndarray) -> np.ndarray:
 
 def search_corpus(folder, queries: list[str], top_k: int = 10, fuse: float = 0.0, model=None,
                   with_text: bool = True) -> list[list[Hit]]:
-    """Search a landmark corpus with text queries: the corpus's own model (from its manifest, or
-    `model`, an already loaded one) embeds them with `encode_query`; each hit carries its passage."""
+    """Search a landmark corpus with text queries, embedded with `encode_query`; each hit carries its passage.
+
+    `model`: None (the model the manifest names), a folder or Hub id, each refused unless it is the
+    model that encoded the corpus (`verify.query_model`); or an already loaded model, trusted to be
+    that model (only its width is checked).
+    """
+    if isinstance(queries, str) or not isinstance(queries, (list, tuple)) or not queries:
+        raise SearchError(f"`queries` must be a non-empty list of strings, got {queries!r:.80}")
+    for number, query in enumerate(queries, 1):
+        if not isinstance(query, str):
+            raise SearchError(f"query {number} is a {type(query).__name__}, not a string")
+        if not query.strip():  # it would embed as the bare prompt and "match" some document
+            raise SearchError(f"query {number} is empty or blank: give text to search for")
     index = LandmarkIndex.from_corpus(folder)
-    if model is None:
+    if model is None or isinstance(model, (str, Path)):
         from .worker import load_model
 
-        model = load_model(index.manifest["model"])
+        model = load_model(verify.query_model(index.manifest, index.folder, None if model is None else str(model)))
     results = index.search(np.asarray(model.encode_query(list(queries)), dtype=np.float32), top_k=top_k, fuse=fuse)
     return [index.passages(hits) for hits in results] if with_text else results
 

@@ -50,9 +50,11 @@ def shard_table(ids: list, embeddings: np.ndarray, dtype: str, landmarks: list[d
     """The arrow table of one shard.
 
     ids: n ids (str or int); embeddings: float32 [n, D]; landmarks (output_value="landmarks"):
-    per row {"embeddings": [n_i, D], "spans": [(start, end), ...]} from `encode(output_value="landmarks")`.
+    per row {"embeddings": [n_i, D], "spans": [(start, end), ...], "text": str}, the first two from
+    `encode(output_value="landmarks")`, the text the spans index.
     Columns: id, embedding fixed_size_list<dtype>[D], and for landmarks
-    landmarks list<fixed_size_list<dtype>[D]> and landmark_spans list<fixed_size_list<int64>[2]>.
+    landmarks list<fixed_size_list<dtype>[D]>, landmark_spans list<fixed_size_list<int64>[2]> and
+    text large_string (the index is a record: search shows passages without reading INPUT).
     """
     import pyarrow as pa
 
@@ -65,6 +67,7 @@ def shard_table(ids: list, embeddings: np.ndarray, dtype: str, landmarks: list[d
         spans = np.array([span for item in landmarks for span in item["spans"]], dtype=np.int64).reshape(-1, 2)
         columns["landmarks"] = pa.ListArray.from_arrays(offsets, _vectors(vectors, dtype))
         columns["landmark_spans"] = pa.ListArray.from_arrays(offsets, _vectors(spans, "int64"))
+        columns["text"] = pa.array([item["text"] for item in landmarks], pa.large_string())
     return pa.table(columns)
 
 

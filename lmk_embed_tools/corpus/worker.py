@@ -124,8 +124,8 @@ class ShardEncoder:
             if embeddings is None:
                 embeddings = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
             embeddings[rows] = vectors  # back to input order
-            for row, item in zip(rows, batch_landmarks or []):
-                landmarks[row] = {"embeddings": np.asarray(item["embeddings"]), "spans": item["spans"]}
+            for row, item, text in zip(rows, batch_landmarks or [], batch):  # the text goes into the shard too
+                landmarks[row] = {"embeddings": np.asarray(item["embeddings"]), "spans": item["spans"], "text": text}
             batch_tokens = self._count_tokens(batch)
             truncated += batch_truncated
             tokens += batch_tokens

@@ -39,6 +39,9 @@ def files(tmp_path_factory, minilm_path, lmk_checkpoint):
     from lmk_embed_tools.model_cards import write_card
 
     write_card(carded, model_id="our-org/x")
+    from tests.lmk_embed_tools.corpus.indexes import write_indexes
+
+    write_indexes(root, lmk_checkpoint)  # root/index and its damaged copies root/index-*
     return root
 
 
@@ -64,6 +67,26 @@ CASES = [
     (["convert-lmk", "{root}/pickle-only", "{root}/out-8"], "safetensors"),
     (["encode-corpus", "{mamba2}", "{root}/in.jsonl", "{root}/out-9", "--output-value", "landmarks"], "landmarks"),
     (["encode-corpus", "{root}/adapter", "{root}/in.jsonl", "{root}/out-10"], "adapter"),
+    (["encode-corpus", "{root}/pickle-only", "{root}/in.jsonl", "{root}/out-14"], "not one of lmk-embed's"),
+    (["encode-corpus", "{mamba2_lm}", "{root}/in.jsonl", "{root}/out-15"], "not one of lmk-embed's"),
+    (["encode-corpus", "{lmk}", "{root}/in.jsonl", "{root}/out-16", "--gpus-per-worker", "-1"], "gpus_per_worker"),
+    # damaged landmark indexes (tests/lmk_embed_tools/corpus/indexes.py), each named with what is wrong
+    (["search", "{root}/index-swapped", "q"], "part-00000.parquet: its bytes do not match the sha256"),
+    (["search", "{root}/index-flipped", "q"], "part-00002.parquet: its bytes do not match the sha256"),
+    (["search", "{root}/index-truncated", "q"], "part-00003.parquet: its bytes do not match the sha256"),
+    (["search", "{root}/index-fewer", "q"], "lists 2 of its 4 shards"),
+    (["search", "{root}/index-unlisted", "q"], "part-00002.parquet: a shard that manifest.json does not list"),
+    (["search", "{root}/index-deleted", "q"], "part-00001.parquet: cannot read the shard"),
+    (["search", "{root}/index-not-json", "q"], "is not valid JSON"),
+    (["search", "{root}/index-no-settings", "q"], "`settings` is missing"),
+    (["search", "{root}/index-dimension", "q"], "vectors of width 32, manifest.json says dimension 64"),
+    (["search", "{root}/index-model-path", "q"], "moved-model' is not a checkpoint folder"),
+    # another model: an edited manifest, --model of the same width, --model of another width
+    (["search", "{root}/index-model-entry", "q"], "is not the model that encoded INDEX"),
+    (["search", "{root}/index", "q", "--model", "{root}/other-lmk"], "is not the model that encoded INDEX"),
+    (["search", "{root}/index", "q", "--model", "{minilm}"], "is not the model that encoded INDEX"),
+    (["search", "{root}/index", "  "], "query 1 is empty or blank"),
+    (["search", "{root}/index", "q", ""], "query 2 is empty or blank"),
 ]
 
 
