@@ -36,6 +36,12 @@ class TrainConfig:
     distill_weight: float = field(default=1.0, metadata={
         "help": "Weight of the distillation term: KL when rows have teacher_scores, cosine distance when they have teacher_embeddings."})
     teacher_temperature: float = 1.0
+    window_distill_weight: float = field(default=0.0, metadata={
+        "help": "LMK: weight of the window term: the cosine distance between each passage window's landmark mean and "
+                "`window_teacher`'s vector of the same span (the user's own window vectors), averaged over windows."})
+    window_teacher: str | None = field(default=None, metadata={
+        "help": "With window_distill_weight: the SentenceTransformer (folder or Hub id) whose window vectors are the "
+                "targets, usually the untouched base."})
     gather_across_devices: bool = field(default=False, metadata={"help": "Negatives from every device under DDP."})
 
     finetune: Literal["full", "lora", "qlora", "positions"] = field(default="lora", metadata={
@@ -129,6 +135,11 @@ class TrainConfig:
                              "which trains no embeddings).")
         if self.distill_weight < 0:
             raise ValueError(f"`distill_weight` must be >= 0, got {self.distill_weight!r}.")
+        if isinstance(self.window_distill_weight, bool) or not self.window_distill_weight >= 0:
+            raise ValueError(f"`window_distill_weight` must be >= 0, got {self.window_distill_weight!r}.")
+        if (self.window_distill_weight > 0) != bool(self.window_teacher):
+            raise ValueError("`window_distill_weight` > 0 and `window_teacher` go together: give both or neither "
+                             f"(got {self.window_distill_weight!r} and {self.window_teacher!r}).")
         choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora", "positions"), "save_mode": ("merged", "adapter"),
                    "splitter": (*SPLITTERS, None), "schedule": (*SCHEDULES, None)}
         for name, allowed in choices.items():
