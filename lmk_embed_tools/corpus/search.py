@@ -203,7 +203,7 @@ def search_corpus(folder, queries: list[str], top_k: int = 10, fuse: float = 0.0
         raise SearchError(f"`queries` must be a non-empty list of strings, got {queries!r:.80}")
     for number, query in enumerate(queries, 1):
         if not isinstance(query, str):
-            raise SearchError(f"query {number} is a {type(query).__name__}, not a string")
+            raise SearchError(f"query {number} must be a string, got {type(query).__name__}")
         if not query.strip():  # it would embed as the bare prompt and "match" some document
             raise SearchError(f"query {number} is empty or blank: give text to search for")
     index = LandmarkIndex.from_corpus(folder)
