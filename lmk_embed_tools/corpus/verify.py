@@ -58,7 +58,8 @@ def check_shard_list(folder: Path, manifest: dict) -> list[dict]:
     other shard file in `folder` and the input's row count between them."""
     path, records = folder / shard_files.MANIFEST, manifest["shards"]
     for k, record in enumerate(records):
-        if not isinstance(record, dict) or record.get("index") != k or record.get("file") != shard_files.shard_name(k):
+        if not isinstance(record, dict) or record.get("index") != k or record.get("file") != shard_files.shard_name(k) \
+                or not isinstance(record.get("rows"), int) or not isinstance(record.get("sha256"), str):
             raise SearchError(f"{path}: shard record {k} is {record!r:.120}, not shard {shard_files.shard_name(k)}")
     if len(records) != manifest["num_shards"]:
         raise SearchError(f"{path} lists {len(records)} of its {manifest['num_shards']} shards; encode the corpus again")
@@ -67,7 +68,7 @@ def check_shard_list(folder: Path, manifest: dict) -> list[dict]:
         if file.name not in listed:
             raise SearchError(f"{file}: a shard that {shard_files.MANIFEST} does not list ({len(records)} shards); "
                               "the manifest was edited or belongs to another run")
-    rows = sum(record.get("rows", 0) for record in records)
+    rows = sum(record["rows"] for record in records)
     if rows != manifest["input"].get("rows"):
         raise SearchError(f"{path}: its shards hold {rows} rows but the input had {manifest['input'].get('rows')}")
     return records
@@ -86,7 +87,7 @@ def read_shard(folder: Path, record: dict, dimension: int):
     except OSError as error:
         raise SearchError(f"{path}: cannot read the shard ({error.strerror or error}); {shard_files.MANIFEST} "
                           "lists it") from None
-    if "sha256:" + hashlib.sha256(data).hexdigest() != record.get("sha256"):
+    if "sha256:" + hashlib.sha256(data).hexdigest() != record["sha256"]:
         raise SearchError(f"{path}: its bytes do not match the sha256 in {shard_files.MANIFEST} (the shard was "
                           "changed, swapped or truncated after encoding); encode the corpus again")
     try:
@@ -97,8 +98,8 @@ def read_shard(folder: Path, record: dict, dimension: int):
     if missing:
         raise SearchError(f"{path}: no {missing} column(s); shards written before the index stored its text cannot "
                           "show passages: encode the corpus again into a new folder")
-    if table.num_rows != record.get("rows"):
-        raise SearchError(f"{path}: {table.num_rows} rows, {shard_files.MANIFEST} says {record.get('rows')}")
+    if table.num_rows != record["rows"]:
+        raise SearchError(f"{path}: {table.num_rows} rows, {shard_files.MANIFEST} says {record['rows']}")
     width = table.schema.field("embedding").type.list_size
     if width != dimension:
         raise SearchError(f"{path}: vectors of width {width}, {shard_files.MANIFEST} says dimension {dimension}")
