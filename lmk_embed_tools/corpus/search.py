@@ -80,7 +80,8 @@ class LandmarkIndex:
     vectors: float32 [L, D] unit landmark vectors, documents contiguous; owner [L]: each landmark's
     document (0..N-1); first [N]: each document's first landmark; spans int64 [L, 2];
     document_vectors float32 [N, D]; ids: the N document ids; texts: the N texts the spans index
-    (None: hits get no passage). N may be 0 (an empty corpus searches to no hits).
+    (None: hits get no passage). N may be 0 (an empty corpus searches to no hits). manifest: the
+    folder's manifest.json, when read from one.
     """
 
     def __init__(self, ids: list, vectors: np.ndarray, owner: np.ndarray, spans: np.ndarray,
@@ -206,11 +207,15 @@ def search_corpus(folder, queries: list[str], top_k: int = 10, fuse: float = 0.0
             raise SearchError(f"query {number} must be a string, got {type(query).__name__}")
         if not query.strip():  # it would embed as the bare prompt and "match" some document
             raise SearchError(f"query {number} is empty or blank: give text to search for")
+    identity = None
+    if model is None or isinstance(model, (str, Path)):  # refused before any shard or weight is read
+        identity = verify.query_model(verify.read_index_manifest(Path(folder)), Path(folder),
+                                      None if model is None else str(model))
     index = LandmarkIndex.from_corpus(folder)
-    if model is None or isinstance(model, (str, Path)):
+    if identity is not None:
         from .worker import load_model
 
-        model = load_model(verify.query_model(index.manifest, index.folder, None if model is None else str(model)))
+        model = load_model(identity)
     results = index.search(np.asarray(model.encode_query(list(queries)), dtype=np.float32), top_k=top_k, fuse=fuse)
     return [index.passages(hits) for hits in results] if with_text else results
 
