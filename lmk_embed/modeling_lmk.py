@@ -343,7 +343,9 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         config = self.config
         check_choice("output_value", output_value, self.output_values)
         splitter = check_choice("splitter", config.splitter if splitter is None else splitter, SPLITTERS)
-        long_input = check_choice("long_input", config.long_input if long_input is None else long_input, LONG_INPUTS)
+        # Training reads one pass unless the call asks for windows (a long-page recipe trains in its schedule).
+        default_long_input = "one-pass" if training else config.long_input
+        long_input = check_choice("long_input", default_long_input if long_input is None else long_input, LONG_INPUTS)
         if granularity is not None:
             granularity = check_positive_int("granularity", granularity)
         elif training and splitter == "variable":
@@ -356,8 +358,6 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
                 f"`output_value='landmarks'` needs chunk-aligned pooling (lmk, mean@k), not {config.pooling!r}."
             )
         self.tokenizer.check_max_length(max_length)
-        if training:
-            long_input = "one-pass"
         if long_input == "windows":
             if config.pooling != "lmk":
                 raise ValueError(f"`long_input='windows'` pools landmarks: it needs pooling='lmk', not {config.pooling!r}.")

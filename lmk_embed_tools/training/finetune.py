@@ -55,6 +55,7 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
     passage_max_length: int = 512
     position_skipping: bool = False
     position_skipping_share: float = 1.0
+    layout_options: dict = field(default_factory=dict)  # LMK: long_input / window_length for every column
     drawn: list = field(default_factory=list)
     tokens: int = 0  # real (unpadded) tokens collated so far, for `ThroughputCallback`
 
@@ -73,7 +74,7 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
         """The model's preprocess, given this batch's drawn g explicitly (LMK `variable` splitter)."""
         if self.granularity is not None:
             kwargs["granularity"] = self.granularity
-        return self.preprocess_texts(inputs, **kwargs)
+        return self.preprocess_texts(inputs, **kwargs, **self.layout_options)
 
     def __call__(self, features):
         draw = getattr(self.embedder, "draw_granularity", None)
@@ -256,7 +257,7 @@ def check_qlora_supported(model: str) -> None:
 
 def apply_overrides(embedder, config: TrainConfig, family: str) -> None:
     """Per-run changes to the model's own config (saved with the trained model) and tokenizer."""
-    lmk_fields = ("splitter", "granularities", "granularity")
+    lmk_fields = ("splitter", "granularities", "granularity", "long_input", "window_length")
     recurrent_fields = ("schedule", "block_size")
     wrong = [n for n in (recurrent_fields if family == "lmk_embedder" else lmk_fields) if getattr(config, n) is not None]
     if wrong:
@@ -550,6 +551,7 @@ def train(config: TrainConfig) -> dict:
         preprocess_fn=st.preprocess, embedder=embedder,
         query_max_length=config.query_max_length, passage_max_length=config.passage_max_length,
         position_skipping=config.position_skipping, position_skipping_share=config.position_skipping_share,
+        layout_options={name: getattr(config, name) for name in ("long_input", "window_length") if getattr(config, name)},
     )
     trainer = single_writer_trainer(SentenceTransformerTrainer)(
         model=st, args=args, train_dataset=dataset, loss=loss,

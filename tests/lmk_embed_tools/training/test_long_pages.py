@@ -116,3 +116,19 @@ def test_window_loss_pools_pages_as_encode_does_and_trains(teacher, minilm_windo
     value.backward()
     assert torch.isfinite(value)
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in st.parameters())
+
+
+def test_training_reads_windows_only_when_asked(minilm_windows, page):
+    """Training batches read one pass by default (the recipe's 512-token passages), and the checkpoint's
+    windows schedule when the call asks for it, cut exactly as `encode()` cuts them."""
+    from transformers import AutoModel
+
+    lmk = AutoModel.from_pretrained(minilm_windows, trust_remote_code=True)
+    one_pass = lmk.prepare_features([page], max_length=512, training=True, granularity=32)
+    assert "window_document" not in one_pass and one_pass["input_ids"].shape[1] == 512
+    windows = lmk.prepare_features([page], max_length=1024, training=True, granularity=32, long_input="windows",
+                                   window_length=256)
+    inference = lmk.prepare_features([page], max_length=1024, training=False, granularity=32, long_input="windows",
+                                     window_length=256)
+    assert windows["input_ids"].shape[1] <= 256 and len(windows["window_document"]) == 5
+    assert torch.equal(windows["input_ids"], inference["input_ids"])
