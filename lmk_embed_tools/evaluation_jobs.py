@@ -34,6 +34,9 @@ def add_evaluate_command(subparsers) -> None:
     parser.add_argument("--bm25", action="store_true", help="add BM25 (bm25s) as a sanity baseline")
     parser.add_argument("--multi-vector", action="store_true",
                         help="LMK models: also score by max over landmarks, and the max+mean hybrid")
+    parser.add_argument("--landmark-groups", type=positive_int, nargs="+", default=[1], metavar="K",
+                        help="--multi-vector: one max row per K, pooling each run of K consecutive landmarks first "
+                             "(K=1: single landmarks; K=(W-1)//(g+1): one vector per window of W tokens)")
     parser.add_argument("--granularities", type=positive_int, nargs="+", default=None,
                         help="LMK models: one row per inference granularity g (the granularity trade-off)")
     parser.add_argument("--long-input", nargs="+", default=None, choices=("one-pass", "windows"),
@@ -160,7 +163,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"--windows: {unknown} are not among the models' names {names}")
     retrievers = build_retrievers(models, batch_size=args.batch_size, granularities=args.granularities,
-                                  multi_vector=args.multi_vector, schedule=args.schedule, bm25=args.bm25,
+                                  multi_vector=args.multi_vector, landmark_groups=args.landmark_groups,
+                                  schedule=args.schedule, bm25=args.bm25,
                                   long_inputs=args.long_input,
                                   windows=None if args.windows is None else (args.windows or list(models)), window=args.window,
                                   window_lengths=args.window_length)

@@ -105,13 +105,17 @@ class MultiVectorRetriever(DenseRetriever):
     """Late interaction over an LMK model's landmark vectors, from the same single encoder pass.
 
     `mode="max"`: max over landmarks of cos(query, landmark). `mode="hybrid"`: `alpha` * that max
-    + (1 - alpha) * cos(query, single-vector LMK embedding) (the mean of the landmark states)."""
+    + (1 - alpha) * cos(query, single-vector LMK embedding) (the mean of the landmark states).
+    `group` k > 1 pools each run of k consecutive landmarks first (k (g+1) + 1 tokens: the landmarks
+    of one window of that length), so the index holds one vector per span of k chunks."""
 
-    def __init__(self, model, name: str, mode: str = "max", alpha: float = 0.5, **kwargs):
+    def __init__(self, model, name: str, mode: str = "max", alpha: float = 0.5, group: int = 1, **kwargs):
         if mode not in ("max", "hybrid"):
             raise ValueError(f"`mode` must be 'max' or 'hybrid', got {mode!r}")
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+            raise ValueError(f"`group` must be a positive integer, got {group!r}")
         super().__init__(model, name, **kwargs)
-        self.mode, self.alpha = mode, alpha
+        self.mode, self.alpha, self.group = mode, alpha, group
         self.vectors_per_document = None
 
     def landmark_vectors(self, documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> list[np.ndarray]:
@@ -126,13 +130,21 @@ class MultiVectorRetriever(DenseRetriever):
         return cache.get_or_compute(key, compute)
 
     def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> np.ndarray:
-        landmarks = self.landmark_vectors(documents, max_length, cache)
+        landmarks = [group_landmarks(v, self.group) for v in self.landmark_vectors(documents, max_length, cache)]
         self.vectors_per_document = float(np.mean([len(v) for v in landmarks]))
         query = self.query_vectors(queries, max_length)
         started = time.perf_counter()
         scores = late_interaction_scores(query, landmarks, self.mode, self.alpha)
         self.scoring_seconds = time.perf_counter() - started
         return scores
+
+
+def group_landmarks(landmarks: np.ndarray, group: int) -> np.ndarray:
+    """[n, D] raw landmark states -> [ceil(n / group), D]: the mean of each run of `group` consecutive
+    landmarks (the last run may be shorter); `group` 1 returns them as they are."""
+    if group == 1:
+        return landmarks
+    return np.stack([landmarks[start:start + group].mean(0) for start in range(0, len(landmarks), group)])
 
 
 def late_interaction_scores(queries: np.ndarray, landmarks: list[np.ndarray], mode: str = "max",
@@ -286,12 +298,12 @@ class BM25Retriever:
 
 def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, multi_vector: bool = False,
                      schedule: str | None = None, bm25: bool = False, long_inputs=None, windows=None,
-                     window: int | None = None, window_lengths=None) -> list:
+                     window: int | None = None, window_lengths=None, landmark_groups=(1,)) -> list:
     """The rows of a length curve: a `DenseRetriever` per model ({row name: model}); for LMK models one
     per inference granularity in `granularities` and per long-input schedule in `long_inputs`
     (landmark-pooled models; the row name then ends in it; `windows` once per W in `window_lengths`)
     and, with `multi_vector`, landmark max and
-    hybrid rows from the same pass; recurrent models take `schedule`. The models named in `windows` (or
+    hybrid rows from the same pass (max once per group size in `landmark_groups`); recurrent models take `schedule`. The models named in `windows` (or
     every model, for `windows=True`) also get the windows-mean and windows-max rows (windows of `window`
     tokens, default `default_window`).
     BM25 last when asked for."""
@@ -311,9 +323,12 @@ def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, m
                     label, options = f"{label} W={window_length}", {**options, "window_length": window_length}
                 retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))
                 if is_lmk and multi_vector and model.config.pooling in ("lmk", "mean@k"):
-                    for mode in ("max", "hybrid"):
-                        retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector {mode}", mode=mode,
+                    for group in landmark_groups:
+                        suffix = f" k={group}" if group > 1 else ""
+                        retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector max{suffix}", group=group,
                                                                batch_size=batch_size, **options))
+                    retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector hybrid", mode="hybrid",
+                                                           batch_size=batch_size, **options))
         if windows is True or (windows and name in windows):
             for mode in ("mean", "max"):
                 retrievers.append(WindowsRetriever(model, f"{name} windows-{mode}", mode=mode, window=window,
