@@ -72,10 +72,11 @@ class TrainConfig:
     splitter: Literal["fixed", "variable", "sentence"] | None = field(default=None, metadata={"help": "LMK: override the checkpoint's splitter."})
     granularities: list[int] | None = field(default=None, metadata={"help": "LMK: the set `variable` draws g from."})
     granularity: int | None = field(default=None, metadata={"help": "LMK: g for `fixed`/`sentence` (and inference)."})
-    long_input: Literal["one-pass", "windows"] | None = field(default=None, metadata={
+    passage_long_input: Literal["one-pass", "windows"] | None = field(default=None, metadata={
         "help": "LMK: how training reads a passage longer than a window (default: one pass); windows train in the "
-                "schedule `encode()` reads long texts in."})
-    window_length: int | None = field(default=None, metadata={"help": "LMK, long_input='windows': W (default: the checkpoint's)."})
+                "schedule `encode()` reads long texts in. The checkpoint's own inference schedule is unchanged."})
+    passage_window_length: int | None = field(default=None, metadata={
+        "help": "LMK, passage_long_input='windows': W while training (default: the checkpoint's)."})
     schedule: Literal["auto", "horizontal", "vertical"] | None = field(default=None, metadata={"help": "Recurrent: schedule while training."})
     block_size: int | None = None
 
@@ -110,7 +111,8 @@ class TrainConfig:
             raise ValueError("`output_dir` is required.")
         positive_ints = ["query_max_length", "passage_max_length", "gradcache_mini_batch_size", "lora_r", "lora_alpha",
                          "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "save_steps"]
-        for name in positive_ints + ["num_negatives", "eval_steps", "granularity", "block_size", "max_train_rows", "window_length"]:
+        optional_ints = ["num_negatives", "eval_steps", "granularity", "block_size", "max_train_rows", "passage_window_length"]
+        for name in positive_ints + optional_ints:
             value = getattr(self, name)
             if value is None and name not in positive_ints:
                 continue
@@ -145,7 +147,8 @@ class TrainConfig:
             raise ValueError("`window_distill_weight` > 0 and `window_teacher` go together: give both or neither "
                              f"(got {self.window_distill_weight!r} and {self.window_teacher!r}).")
         choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora", "positions"), "save_mode": ("merged", "adapter"),
-                   "splitter": (*SPLITTERS, None), "schedule": (*SCHEDULES, None), "long_input": ("one-pass", "windows", None)}
+                   "splitter": (*SPLITTERS, None), "schedule": (*SCHEDULES, None),
+                   "passage_long_input": ("one-pass", "windows", None)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Unknown `{name}` {getattr(self, name)!r}; expected one of {[a for a in allowed if a]}.")
@@ -155,8 +158,9 @@ class TrainConfig:
         if self.lora_layers is not None and (not self.lora_layers or any(
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.lora_layers)):
             raise ValueError(f"`lora_layers` must be a non-empty list of layer indices >= 0, got {self.lora_layers!r}.")
-        if self.window_length is not None and self.long_input != "windows":
-            raise ValueError(f"`window_length` applies with long_input='windows' only (got long_input={self.long_input!r}).")
+        if self.passage_window_length is not None and self.passage_long_input != "windows":
+            raise ValueError("`passage_window_length` applies with passage_long_input='windows' only "
+                             f"(got {self.passage_long_input!r}).")
         if self.eval_data not in (None, "stdlib", "none"):
             raise ValueError(f"`eval_data` must be 'stdlib' or none, got {self.eval_data!r}.")
         if self.max_steps == 0 or self.max_steps < -1:

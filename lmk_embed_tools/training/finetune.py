@@ -257,9 +257,10 @@ def check_qlora_supported(model: str) -> None:
 
 def apply_overrides(embedder, config: TrainConfig, family: str) -> None:
     """Per-run changes to the model's own config (saved with the trained model) and tokenizer."""
-    lmk_fields = ("splitter", "granularities", "granularity", "long_input", "window_length")
+    lmk_fields = ("splitter", "granularities", "granularity")
     recurrent_fields = ("schedule", "block_size")
-    wrong = [n for n in (recurrent_fields if family == "lmk_embedder" else lmk_fields) if getattr(config, n) is not None]
+    lmk_only = (*lmk_fields, "passage_long_input", "passage_window_length")
+    wrong = [n for n in (recurrent_fields if family == "lmk_embedder" else lmk_only) if getattr(config, n) is not None]
     if wrong:
         kind = "recurrent" if family == "lmk_embedder" else "LMK"
         raise ValueError(f"{', '.join(f'`{n}`' for n in wrong)} applies to {kind} models only.")
@@ -551,7 +552,8 @@ def train(config: TrainConfig) -> dict:
         preprocess_fn=st.preprocess, embedder=embedder,
         query_max_length=config.query_max_length, passage_max_length=config.passage_max_length,
         position_skipping=config.position_skipping, position_skipping_share=config.position_skipping_share,
-        layout_options={name: getattr(config, name) for name in ("long_input", "window_length") if getattr(config, name)},
+        layout_options={option: getattr(config, f"passage_{option}") for option in ("long_input", "window_length")
+                        if getattr(config, f"passage_{option}")},
     )
     trainer = single_writer_trainer(SentenceTransformerTrainer)(
         model=st, args=args, train_dataset=dataset, loss=loss,

@@ -159,7 +159,7 @@ def test_stdlib_dataset_is_split_by_module(monkeypatch):
     [("lora_r", 0), ("temperature", 0.0), ("finetune", "half"), ("loss", "triplet"), ("warmup_ratio", 1.5),
      ("per_device_train_batch_size", -2), ("granularities", [32, 0]), ("splitter", "paragraph"), ("max_steps", 0),
      ("eval_data", "mteb"), ("dropout", 1.0), ("attention_dropout", -0.1), ("lora_layers", [-1]), ("lora_layers", []),
-     ("long_input", "pages"), ("window_length", 256), ("window_distill_weight", 1.0), ("window_teacher", "base"),
+     ("passage_long_input", "pages"), ("passage_window_length", 256), ("window_distill_weight", 1.0), ("window_teacher", "base"),
      ("window_distill_weight", -1.0)],
 )
 def test_bad_config_values_name_the_field(tmp_path, field, value):
