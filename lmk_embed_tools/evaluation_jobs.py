@@ -25,8 +25,10 @@ def add_evaluate_command(subparsers) -> None:
     parser.add_argument("--task", nargs="+", required=True,
                         help="passkey, needle, stdlib, deep:scientific / deep:symbolic (a method's summary as the query "
                              "for its class page, 600-3800 tokens deep; deep:systems, the validation source, is for "
-                             "choosing settings), a BEIR folder (queries.jsonl, corpus.jsonl, "
-                             "qrels/test.tsv), or mteb:NAME")
+                             "choosing settings), genre:readme / genre:book (held-out long pages of other genres: "
+                             "installed packages' READMEs, the Rust books; a sentence 600-3800 tokens deep as the "
+                             "query), genre:readme-subject / genre:book-subject (their summary or title as the query), "
+                             "a BEIR folder (queries.jsonl, corpus.jsonl, qrels/test.tsv), or mteb:NAME")
     parser.add_argument("--corpus-cache", default="runs/corpora", help="deep:*: where the documentation corpora are cached")
     parser.add_argument("--max-lengths", type=positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
     parser.add_argument("--out", default="runs/evaluate", help="folder for results.json, results.txt and the PNGs")
@@ -51,8 +53,8 @@ def add_evaluate_command(subparsers) -> None:
                              "our models' original positions)")
     parser.add_argument("--schedule", default=None, choices=("horizontal", "vertical", "auto"),
                         help="recurrent models: the inference schedule (default: the checkpoint's)")
-    parser.add_argument("--queries", type=positive_int, default=50, help="synthetic and deep:* tasks: queries (per length)")
-    parser.add_argument("--documents", type=positive_int, default=100, help="synthetic and deep:* tasks: candidates (per length)")
+    parser.add_argument("--queries", type=positive_int, default=50, help="synthetic, deep:* and genre:* tasks: queries (per length)")
+    parser.add_argument("--documents", type=positive_int, default=100, help="synthetic, deep:* and genre:* tasks: candidates (per length)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", default=None,
                         help="synthetic lengths are counted in this tokenizer's tokens (default: the first model's)")
@@ -89,13 +91,34 @@ def stdlib_pages():
     return module_pages()
 
 
+def genre_split(task: str, args: argparse.Namespace, count_tokens, pages: dict):
+    """The split of a genre:GENRE or genre:GENRE-subject task; `pages` keeps each genre's pages for the next task."""
+    from lmk_embed_tools.evaluation.genres import GENRES, deep_evidence_task, genre_pages, subject_task
+    from lmk_embed_tools.training.corpora import RESERVED_DIRS, source_distributions
+
+    genre, subject = task[len("genre:"):].removesuffix("-subject"), task.endswith("-subject")
+    if genre not in GENRES:
+        raise UsageError(f"--task {task!r}: the genres are {[f'genre:{g}' for g in GENRES]}, each also as genre:NAME-subject")
+    if not subject and count_tokens is None:
+        raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count depths")
+    if genre not in pages:
+        try:  # never a page of a package a corpus source reads, nor one under the man pages
+            pages[genre] = genre_pages(genre, excluded=source_distributions(), reserved_dirs=RESERVED_DIRS)
+        except ValueError as error:  # the toolchain's books are not installed
+            raise UsageError(str(error)) from None
+    if subject:
+        return subject_task(genre, pages[genre], max_queries=args.queries, max_documents=args.documents, seed=args.seed)
+    return deep_evidence_task(genre, pages[genre], count_tokens, max_queries=args.queries, max_documents=args.documents,
+                              seed=args.seed)
+
+
 def task_jobs(args: argparse.Namespace, count_tokens) -> list:
     """(task name, max length, RetrievalData) for every --task and --max-lengths: synthetic tasks are
     generated per length, the others are one split read at every length."""
     from lmk_embed_tools.evaluation.longcontext import RetrievalData, load_beir, load_mteb_task
     from lmk_embed_tools.evaluation.synthetic import haystack_sentences, synthetic_tasks
 
-    jobs = []
+    jobs, genres = [], {}
     for task in args.task:
         if task in SYNTHETIC_TASKS:
             if count_tokens is None:
@@ -118,7 +141,9 @@ def task_jobs(args: argparse.Namespace, count_tokens) -> list:
                                        max_queries=args.queries, max_documents=args.documents, seed=args.seed)
             jobs += [(data.name, length, data) for length in args.max_lengths]
             continue
-        if task == "stdlib":
+        if task.startswith("genre:"):
+            data = genre_split(task, args, count_tokens, genres)
+        elif task == "stdlib":
             pages = stdlib_pages()
             data = RetrievalData("stdlib", {p.name: p.synopsis for p in pages}, {p.name: p.text for p in pages},
                                  {p.name: {p.name: 1} for p in pages})
@@ -133,7 +158,7 @@ def task_jobs(args: argparse.Namespace, count_tokens) -> list:
             except ValueError as error:
                 raise UsageError(str(error)) from None
         else:
-            raise UsageError(f"--task {task!r}: not passkey, needle, stdlib, deep:SOURCE, mteb:NAME or a BEIR folder")
+            raise UsageError(f"--task {task!r}: not passkey, needle, stdlib, deep:SOURCE, genre:NAME, mteb:NAME or a BEIR folder")
         jobs += [(data.name, length, data) for length in args.max_lengths]
     return jobs
 

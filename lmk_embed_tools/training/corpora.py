@@ -348,6 +348,19 @@ def _environment_key(source: str) -> str:
     return hashlib.sha1(json.dumps([CORPUS_VERSION, versions]).encode()).hexdigest()[:12]
 
 
+def source_distributions() -> set[str]:
+    """The names of the installed distributions every source reads (training, validation and evaluation):
+    each top-level import name of `SOURCE_MODULES` (and of the standard library, for backports) mapped
+    through `packages_distributions()`, and through `DISTRIBUTIONS` besides (a package not installed
+    still names its distribution). The held-out genres of other pages never read these."""
+    from importlib import metadata
+
+    installed = metadata.packages_distributions()
+    roots = {name.split(".")[0] for modules in SOURCE_MODULES.values() for name in modules} | set(sys.stdlib_module_names)
+    return {dist for root in roots for dist in installed.get(root, [])} | {DISTRIBUTIONS.get(root, root) for root in roots
+                                                                           if root not in sys.stdlib_module_names}
+
+
 def is_held_out_module(module: str, fraction: float = 0.2) -> bool:
     """Deterministic in-domain hold-out of stdlib modules (by top-level module name)."""
     return (zlib.crc32(module.split(".")[0].encode()) % 1000) / 1000 < fraction
