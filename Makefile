@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo train-full train-student test install clean bench-onnx-peer bench-llamacpp
 
-EXTRAS := train,eval,dev,rwkv7,scale,onnx,search
+EXTRAS := train,eval,dev,rwkv7,scale,onnx,search,serve
 
 # uv installs torch and the pinned set in a fraction of pip's time, compiled to bytecode as pip does.
 # uv reads no pip configuration, so it is given pip's find-links: where the CPU torch wheel lies on

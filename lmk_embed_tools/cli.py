@@ -11,6 +11,7 @@ and publish.
     lmk-embed encode-corpus MODEL INPUT OUTPUT_DIR [--engine local|ray] [--num-workers N] [--backend onnx] ...
     lmk-embed search INDEX "query" [--top-k 10] [--fuse 0.5]
     lmk-embed export-onnx CHECKPOINT [--quantize int8]
+    lmk-embed serve CHECKPOINT [--index DIR] [--port 8000] [--replicas N] [--max-input-tokens N] ...
     lmk-embed demo [ablate|rescore|compare|validate ...] [--budget demo|full]
     lmk-embed train-student [--budget demo|full]
 
@@ -30,6 +31,7 @@ from lmk_embed_tools import demo, evaluation_jobs, onnx_export, push, student_de
 from lmk_embed_tools.commandline import OneLineParser, UsageError, keep_out_quantisation
 from lmk_embed_tools.corpus import commands as corpus_commands
 from lmk_embed_tools.model_cards import command as card_command
+from lmk_embed_tools.serve import command as serve_command
 from lmk_embed_tools.training import commands as training_commands
 
 # The functions adding each subcommand, in the order `lmk-embed --help` lists them. The modules
@@ -45,6 +47,7 @@ COMMANDS = (
     corpus_commands.add_encode_corpus_command,
     corpus_commands.add_search_command,
     onnx_export.add_export_onnx_command,
+    serve_command.add_serve_command,
     demo.add_demo_command,
     student_demo.add_train_student_command,
 )

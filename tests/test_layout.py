@@ -25,13 +25,15 @@ ALLOWED_IMPORTS = {
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards", f"{TOOLS}.onnx_export"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
     f"{TOOLS}.corpus": {f"{TOOLS}.compat", f"{TOOLS}.commandline"},
+    # serve: the corpus loader and index, and the shipped engine's token count.
+    f"{TOOLS}.serve": {"lmk_embed", f"{TOOLS}.corpus", f"{TOOLS}.commandline"},
     f"{TOOLS}.cli": {f"{TOOLS}.{p}" for p in ("commandline", "training", "model_cards", "push", "evaluation_jobs", "corpus",
-                                              "onnx_export", "demo", "student_demo")},
+                                              "onnx_export", "demo", "student_demo", "serve")},
     f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline"))},
     f"{TOOLS}.student_demo": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline")},
     f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation"},
     "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push",
-                                                          "onnx_export"))},
+                                                          "onnx_export", "serve"))},
 }
 
 

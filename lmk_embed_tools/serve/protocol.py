@@ -1,0 +1,192 @@
+"""The wire format of `lmk-embed serve`: OpenAI's embeddings request and response, and its error shape.
+
+Every request body is checked here, before it reaches a model, and every bad one becomes an
+`ApiError`: a 4xx status with OpenAI's body `{"error": {"message", "type", "param", "code"}}`. The
+replica only ever sees a checked `EmbeddingRequest`, so nothing a client sends can fail inside it.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import numpy as np
+
+ENCODING_FORMATS = ("float", "base64")
+INPUT_TYPES = ("query", "document")
+SEARCH_MODES = ("dense", "lexical", "hybrid")
+# Fields OpenAI's clients send that change nothing here.
+IGNORED_FIELDS = ("user",)
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP `status`, OpenAI's error `type`, the field (`param`) and a `code`."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.status, self.param, self.code, self.type = message, status, param, code, type
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """A checked `/v1/embeddings` (or `/v1/landmarks`) body. `kind` is the prompt: None (plain
+    `encode`), "query" or "document"; `task` is the recurrent family's query instruction."""
+
+    texts: tuple[str, ...]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    kind: str | None = None
+    task: str | None = None
+
+    @property
+    def prompt_key(self) -> tuple:
+        """Requests with equal keys are embedded by one `encode` call in a batch."""
+        return (self.kind, self.task)
+
+
+def check_object(body) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_body")
+    return body
+
+
+def check_fields(body: dict, known: tuple[str, ...]) -> None:
+    for name in body:
+        if name not in known and name not in IGNORED_FIELDS:
+            raise ApiError(f"unknown field {name!r}; this endpoint takes {', '.join(known)}", param=name,
+                           code="unknown_field")
+
+
+def check_texts(value, param: str = "input") -> tuple[str, ...]:
+    """A string or a non-empty list of strings, each encodable as UTF-8 (no lone surrogate)."""
+    if value is None:
+        raise ApiError(f"`{param}` is required: a string or a list of strings", param=param, code="missing_field")
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list):
+        raise ApiError(f"`{param}` must be a string or a list of strings, got {type(value).__name__}", param=param,
+                       code="invalid_type")
+    if not texts:
+        raise ApiError(f"`{param}` is an empty list: give at least one text", param=param, code="empty_input")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):  # token-id arrays included: the server tokenizes with the checkpoint's own tokenizer
+            raise ApiError(f"`{param}[{index}]` must be a string, got {type(text).__name__} (token arrays are not "
+                           "taken: send text)", param=param, code="invalid_type")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ApiError(f"`{param}[{index}]` holds a lone surrogate at character {error.start}: it is not "
+                           "valid Unicode text", param=param, code="invalid_text") from None
+    return tuple(texts)
+
+
+def check_model(value, served: str) -> None:
+    if value is None:
+        raise ApiError(f"`model` is required: this server serves {served!r}", param="model", code="missing_field")
+    if value != served:
+        raise ApiError(f"the model {value!r} does not exist here: this server serves {served!r}", status=404,
+                       param="model", code="model_not_found")
+
+
+def check_choice(body: dict, name: str, choices: tuple[str, ...], default):
+    value = body.get(name, default)
+    if value is not None and value not in choices:
+        raise ApiError(f"`{name}` must be one of {', '.join(map(repr, choices))}, got {value!r}", param=name,
+                       code="invalid_value")
+    return value
+
+
+def parse_embeddings(body, served: str, dimension: int, family: str, landmarks: bool = False) -> EmbeddingRequest:
+    """Check a `/v1/embeddings` body (or, with `landmarks`, a `/v1/landmarks` one) for a model
+    named `served` of width `dimension` and `family` ("lmk" or "recurrent")."""
+    body = check_object(body)
+    known = ("input", "model", "encoding_format", "dimensions", "input_type", "task")
+    check_fields(body, known)
+    texts = check_texts(body.get("input"))
+    check_model(body.get("model"), served)
+    encoding_format = check_choice(body, "encoding_format", ENCODING_FORMATS, "float")
+    kind = check_choice(body, "input_type", INPUT_TYPES, None)
+    dimensions = body.get("dimensions")
+    if dimensions is not None:
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= dimension:
+            raise ApiError(f"`dimensions` must be an integer from 1 to {dimension} (this model's width), got "
+                           f"{dimensions!r}", param="dimensions", code="invalid_value")
+    task = body.get("task")
+    if task is not None:
+        if family != "recurrent":
+            raise ApiError("`task` is the recurrent family's query instruction; this model takes `input_type` only",
+                           param="task", code="invalid_value")
+        if not isinstance(task, str) or not task.strip():
+            raise ApiError(f"`task` must be a non-empty string, got {task!r}", param="task", code="invalid_value")
+        if kind != "query":
+            raise ApiError("`task` instructs queries: send it with `input_type: \"query\"`", param="task",
+                           code="invalid_value")
+    return EmbeddingRequest(texts, encoding_format, dimensions, kind, task)
+
+
+def check_lengths(counts: list[int], limit: int | None) -> None:
+    """413 for the first text over `limit` model tokens (None: no limit)."""
+    if limit is None:
+        return
+    for index, count in enumerate(counts):
+        if count > limit:
+            raise ApiError(f"`input[{index}]` has {count} tokens, over this server's limit of {limit} tokens "
+                           "(--max-input-tokens); split the text or raise the limit", status=413, param="input",
+                           code="input_too_long")
+
+
+def shape_vectors(vectors: np.ndarray, dimensions: int | None, normalized: bool) -> np.ndarray:
+    """The first `dimensions` columns, renormalised when the model's vectors are unit vectors (as
+    OpenAI shortens its vectors)."""
+    if dimensions is None or dimensions == vectors.shape[-1]:
+        return vectors
+    vectors = vectors[..., :dimensions]
+    if normalized:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+    return vectors
+
+
+def encode_vector(vector: np.ndarray, encoding_format: str):
+    """A list of floats, or base64 of little-endian float32 bytes (OpenAI's `base64`)."""
+    vector = np.asarray(vector, dtype="<f4")
+    if encoding_format == "base64":
+        return base64.b64encode(vector.tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+def embeddings_response(vectors: np.ndarray, request: EmbeddingRequest, served: str, tokens: int) -> dict:
+    data = [{"object": "embedding", "index": index, "embedding": encode_vector(vector, request.encoding_format)}
+            for index, vector in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": served,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    queries: tuple[str, ...]
+    top_k: int = 10
+    mode: str = "dense"
+    fuse: float = 0.0
+
+
+def parse_search(body, served: str) -> SearchRequest:
+    """Check a `/v1/search` body: `query` (a string or a list), `model`, `top_k`, `mode`, `fuse`."""
+    body = check_object(body)
+    check_fields(body, ("query", "model", "top_k", "mode", "fuse"))
+    queries = check_texts(body.get("query"), "query")
+    for index, query in enumerate(queries):
+        if not query.strip():
+            raise ApiError(f"`query[{index}]` is empty or blank: give text to search for", param="query",
+                           code="invalid_value")
+    check_model(body.get("model", served), served)
+    top_k = body.get("top_k", 10)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ApiError(f"`top_k` must be a positive integer, got {top_k!r}", param="top_k", code="invalid_value")
+    mode = check_choice(body, "mode", SEARCH_MODES, "dense")
+    fuse = body.get("fuse", 0.0)
+    if isinstance(fuse, bool) or not isinstance(fuse, (int, float)) or not 0.0 <= fuse <= 1.0:
+        raise ApiError(f"`fuse` must be a number from 0 to 1, got {fuse!r}", param="fuse", code="invalid_value")
+    return SearchRequest(queries, top_k, mode, float(fuse))
