@@ -34,6 +34,12 @@ def add_evaluate_command(subparsers) -> None:
     parser.add_argument("--out", default="runs/evaluate", help="folder for results.json, results.txt and the PNGs")
     parser.add_argument("--names", nargs="+", default=None, help="a row name per model (default: the folder's name)")
     parser.add_argument("--bm25", action="store_true", help="add BM25 (bm25s) as a sanity baseline")
+    parser.add_argument("--fuse", nargs="+", default=[], choices=("rank", "minmax"),
+                        help="also every row fused with BM25 (added): reciprocal rank fusion (k=60) and/or min-max "
+                             "convex fusion of each query's scores over the candidates")
+    parser.add_argument("--fuse-weight", type=float, nargs="+", default=None, metavar="W",
+                        help="--fuse minmax: BM25's weight W in [0, 1], one row per W (default 0.5, chosen on the "
+                             "validation task deep:systems; give several to choose there)")
     parser.add_argument("--multi-vector", action="store_true",
                         help="LMK models: also score by max over landmarks, and the max+mean hybrid")
     parser.add_argument("--landmark-groups", type=positive_int, nargs="+", default=[1], metavar="K",
@@ -83,6 +89,18 @@ def parse_comparisons(pairs, names: list[str], lengths: list[int]) -> list[tuple
         return name, int(length)
 
     return [(side(row), side(rival)) for row, rival in pairs or []]
+
+
+def check_fuse_weights(weights, fuse) -> list[float]:
+    """--fuse-weight, defaulted to [0.5]: numbers in [0, 1], and only with --fuse minmax (the one they weigh)."""
+    if weights is None:
+        return [0.5]
+    if "minmax" not in fuse:
+        raise UsageError("--fuse-weight weighs min-max fusion: add --fuse minmax")
+    bad = [w for w in weights if not 0.0 <= w <= 1.0]
+    if bad:
+        raise UsageError(f"--fuse-weight: {bad} are not in [0, 1] (BM25's share of the fused score)")
+    return list(dict.fromkeys(weights))
 
 
 def stdlib_pages():
@@ -171,7 +189,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from lmk_embed_tools.evaluation.table import format_length_table
 
     paths = [m for m in args.models if m.lower() != "bm25"]
-    args.bm25 = args.bm25 or len(paths) < len(args.models)
+    args.bm25 = args.bm25 or len(paths) < len(args.models) or bool(args.fuse)
+    args.fuse_weight = check_fuse_weights(args.fuse_weight, args.fuse)
     names = check_names(args.names, paths)
     for path in paths:
         check_source(path, "MODEL")
@@ -192,7 +211,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                                   schedule=args.schedule, bm25=args.bm25,
                                   long_inputs=args.long_input,
                                   windows=None if args.windows is None else (args.windows or list(models)), window=args.window,
-                                  window_lengths=args.window_length)
+                                  window_lengths=args.window_length, fuse=args.fuse, fuse_weights=args.fuse_weight)
     pairs = parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
     rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=bool(pairs))
     comparisons = paired_comparisons(rows, pairs)

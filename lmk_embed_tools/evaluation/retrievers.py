@@ -1,5 +1,5 @@
 """Retrievers the long-context runner scores: a dense model, landmark multi-vector, the user's own
-windows baselines (windows-mean, windows-max), and BM25.
+windows baselines (windows-mean, windows-max), BM25, and BM25 fused with a dense row.
 
 Each has `name`, `limit` (its position limit in tokens, or None) and
 `scores(queries, documents, max_length, cache) -> float32 [Q, N]`. Dense models are any object
@@ -19,6 +19,9 @@ import numpy as np
 from lmk_embed.encoding import encode_content, position_table_limit
 
 from .cache import EmbeddingCache, cache_key, data_hash, model_hash
+
+FUSIONS = ("rank", "minmax")
+RRF_K = 60  # reciprocal rank fusion's constant, as its authors (Cormack et al., 2009) and most hybrids use
 
 
 def _normalize(vectors: np.ndarray) -> np.ndarray:
@@ -296,9 +299,99 @@ class BM25Retriever:
         return scores
 
 
+def fuse_scores(dense: np.ndarray, sparse: np.ndarray, method: str, weight: float = 0.5, k: int = RRF_K) -> np.ndarray:
+    """Per query, the scores of the same N candidates from two retrievers, dense [Q, N] and sparse [Q, N]
+    (BM25), -> fused [Q, N] float32.
+
+    rank: reciprocal rank fusion, 1 / (k + dense rank) + 1 / (k + sparse rank), ranks from 1 and tied
+    scores sharing the best rank (BM25 gives many candidates 0); `weight` is not used.
+    minmax: `weight` * s + (1 - `weight`) * d, where s and d are each query's scores scaled to [0, 1]
+    over the candidates (a query whose scores are all equal gets 0 from that side)."""
+    if dense.shape != sparse.shape or dense.ndim != 2:
+        raise ValueError(f"dense and sparse scores must both be [Q, N], got {dense.shape} and {sparse.shape}")
+    if method == "rank":
+        def ranks(scores):
+            ordered = np.sort(-scores, axis=1)
+            return 1 + np.stack([np.searchsorted(row, -values, side="left") for row, values in zip(ordered, scores)])
+
+        return (1.0 / (k + ranks(dense)) + 1.0 / (k + ranks(sparse))).astype(np.float32)
+    if method == "minmax":
+        def scaled(scores):
+            low, high = scores.min(1, keepdims=True), scores.max(1, keepdims=True)
+            return np.where(high > low, (scores - low) / np.where(high > low, high - low, 1), 0.0)
+
+        return (weight * scaled(sparse) + (1 - weight) * scaled(dense)).astype(np.float32)
+    raise ValueError(f"`method` must be one of {FUSIONS}, got {method!r}")
+
+
+def check_fuse_weight(weight) -> float:
+    """`weight` (BM25's share in min-max fusion) as a float, or a ValueError naming it: a number in [0, 1]."""
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not 0.0 <= weight <= 1.0:
+        raise ValueError(f"`weight` must be a number in [0, 1], got {weight!r}.")
+    return float(weight)
+
+
+class RememberedScores:
+    """A retriever that keeps its last score matrix (by max length, queries and documents), so that a
+    fused row reads its parts' scores as their own rows computed them: nothing is encoded twice."""
+
+    def __init__(self, retriever):
+        self.retriever, self._last = retriever, (None, None)
+
+    def __getattr__(self, name):  # name, limit, effective_length, vectors_per_document, scoring_seconds
+        return getattr(self.retriever, name)
+
+    def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache) -> np.ndarray:
+        key = (max_length, tuple(queries), data_hash(documents))
+        if self._last[0] != key:
+            self._last = (key, self.retriever.scores(queries, documents, max_length, cache))
+        return self._last[1]
+
+
+class FusedRetriever:
+    """A dense row and BM25 fused per query (`fuse_scores`): "NAME + BM25 (rank)" or "(minmax w=W)".
+    Give it `RememberedScores` parts (as `build_retrievers` does) to reuse their rows' scores."""
+
+    def __init__(self, dense, sparse, method: str = "minmax", weight: float = 0.5):
+        if method not in FUSIONS:
+            raise ValueError(f"`method` must be one of {FUSIONS}, got {method!r}")
+        self.dense, self.sparse, self.method, self.weight = dense, sparse, method, check_fuse_weight(weight)
+        self.name = f"{dense.name} + {sparse.name} ({method}" + (f" w={self.weight:g})" if method == "minmax" else ")")
+        self.limit = dense.limit
+        self.vectors_per_document = None
+
+    def effective_length(self, max_length: int):
+        return self.dense.effective_length(max_length)
+
+    def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache) -> np.ndarray:
+        dense = self.dense.scores(queries, documents, max_length, cache)
+        sparse = self.sparse.scores(queries, documents, max_length, cache)
+        self.vectors_per_document = getattr(self.dense, "vectors_per_document", None)
+        started = time.perf_counter()
+        scores = fuse_scores(dense, sparse, self.method, self.weight)
+        self.scoring_seconds = (getattr(self.dense, "scoring_seconds", 0.0) + getattr(self.sparse, "scoring_seconds", 0.0)
+                                + time.perf_counter() - started)
+        return scores
+
+
+def fused_retrievers(retrievers: list, fuse=(), weights=(0.5,)) -> list:
+    """`retrievers` (BM25 among them) and, per `fuse` method, a fused row for every other row (min-max
+    once per weight in `weights`); every part remembers its scores for the fused rows."""
+    if not fuse:
+        return retrievers
+    remembered = [RememberedScores(r) for r in retrievers]
+    bm25 = next((r for r in remembered if isinstance(r.retriever, BM25Retriever)), None)
+    if bm25 is None:
+        raise ValueError("fusion needs the BM25 row among the retrievers")
+    fused = [FusedRetriever(r, bm25, method, weight) for method in fuse for r in remembered if r is not bm25
+             for weight in (weights if method == "minmax" else [0.5])]
+    return remembered + fused
+
+
 def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, multi_vector: bool = False,
                      schedule: str | None = None, bm25: bool = False, long_inputs=None, windows=None,
-                     window: int | None = None, window_lengths=None, landmark_groups=(1,)) -> list:
+                     window: int | None = None, window_lengths=None, landmark_groups=(1,), fuse=(),
+                     fuse_weights=(0.5,)) -> list:
     """The rows of a length curve: a `DenseRetriever` per model ({row name: model}); for LMK models one
     per inference granularity in `granularities` and per long-input schedule in `long_inputs`
     (landmark-pooled models; the row name then ends in it; `windows` once per W in `window_lengths`)
@@ -306,7 +399,8 @@ def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, m
     hybrid rows from the same pass (max once per group size in `landmark_groups`); recurrent models take `schedule`. The models named in `windows` (or
     every model, for `windows=True`) also get the windows-mean and windows-max rows (windows of `window`
     tokens, default `default_window`).
-    BM25 last when asked for."""
+    BM25 after them when asked for (or fused); then, per method in `fuse`, every other row fused with
+    BM25 (`fused_retrievers`, min-max once per weight in `fuse_weights`)."""
     retrievers = []
     for name, model in models.items():
         is_lmk = getattr(getattr(model, "config", None), "model_type", None) == "lmk_embedder"
@@ -333,6 +427,6 @@ def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, m
             for mode in ("mean", "max"):
                 retrievers.append(WindowsRetriever(model, f"{name} windows-{mode}", mode=mode, window=window,
                                                    batch_size=batch_size))
-    if bm25:
+    if bm25 or fuse:
         retrievers.append(BM25Retriever())
-    return retrievers
+    return fused_retrievers(retrievers, fuse, fuse_weights)
