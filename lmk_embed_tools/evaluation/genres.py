@@ -58,9 +58,9 @@ def normalized_name(name: str) -> str:
 
 
 def is_under(path, folders) -> bool:
-    """True when `path` (resolved) is one of `folders` or lies below one."""
-    resolved = str(Path(path).resolve())
-    return any(resolved == str(f) or resolved.startswith(str(f).rstrip(os.sep) + os.sep) for f in folders)
+    """True when `path` is one of `folders` or lies below one (both resolved)."""
+    resolved = Path(path).resolve()
+    return any(resolved == Path(f).resolve() or Path(f).resolve() in resolved.parents for f in folders)
 
 
 def _word_count(text: str) -> int:
@@ -223,12 +223,13 @@ def _is_book(folder: Path) -> bool:
     return (folder / "index.html").is_file() and any(folder.glob("book*.js"))
 
 
-def _chapter_files(book: Path) -> list[Path]:
-    """A book's chapter files, less its printable copy and the books nested in it (translations, old editions)."""
+def _chapter_files(book: Path, reserved_dirs=()) -> list[Path]:
+    """A book's chapter files, less its printable copy, the books nested in it (translations, old
+    editions) and anything under a reserved folder."""
     files = []
     for folder, children, names in os.walk(book):
         here = Path(folder)
-        children[:] = sorted(c for c in children if not _is_book(here / c))
+        children[:] = sorted(c for c in children if not is_under(here / c, reserved_dirs) and not _is_book(here / c))
         files += [here / n for n in sorted(names) if n.endswith(".html") and n not in ("print.html", "toc.html", "404.html")]
     return files
 
@@ -241,14 +242,13 @@ def book_pages(root=None, reserved_dirs=(), min_words: int = MIN_PAGE_WORDS) -> 
     root = rust_docs_root() if root is None else Path(root)
     if reserved_dirs and is_under(root, reserved_dirs):
         raise ValueError(f"genre 'book': {str(root)!r} lies in a reserved folder (the man pages are never read)")
-    books = sorted(p for p in root.iterdir() if p.is_dir() and _is_book(p)) if root.is_dir() else []
+    books = sorted(p for p in root.iterdir() if p.is_dir() and not is_under(p, reserved_dirs) and _is_book(p)) \
+        if root.is_dir() else []
     if not books:
         raise ValueError(f"genre 'book': no mdBook (a folder with index.html and book.js) under {str(root)!r}")
     pages, seen_texts = [], set()
     for book in books:
-        for path in _chapter_files(book):
-            if reserved_dirs and is_under(path, reserved_dirs):
-                continue
+        for path in _chapter_files(book, reserved_dirs):
             title, text = chapter_text(path.read_text(encoding="utf-8", errors="replace"))
             key = re.sub(r"\s+", " ", text).lower()
             if _word_count(text) < min_words or key in seen_texts:
@@ -341,7 +341,6 @@ def deep_evidence_task(genre: str, pages: list[GenrePage], count_tokens, min_dep
     """One query per page: a prose sentence of its second half, `min_depth`-`max_depth` tokens deep
     (`count_tokens(texts) -> [n_tokens]`), removed from the page, found verbatim in no other page."""
     _check_sizes(max_queries, max_documents)
-
     flat = {page.name: " ".join(page.text.split()) for page in pages}
 
     def pick(page, rng):
@@ -359,4 +358,5 @@ def subject_task(genre: str, pages: list[GenrePage], max_queries: int = 50, max_
                  seed: int = 0) -> RetrievalData:
     """One query per page that has a subject (its summary or title, already out of its text)."""
     _check_sizes(max_queries, max_documents)
-    return _assemble(f"{genre} subject", pages, lambda page, rng: (page.subject, page.text) if page.subject else None, max_queries, max_documents, seed)
+    return _assemble(f"{genre} subject", pages, lambda page, rng: (page.subject, page.text) if page.subject else None,
+                     max_queries, max_documents, seed)
