@@ -16,9 +16,10 @@ the same. Its outputs:
     pooled             [B, D] float32: the same before normalisation (`LMKOutput.embeddings`)
     last_hidden_state  [B, T, D] float32: the final states (landmark vectors, token embeddings)
 
-The graph carries the fingerprint of the torch weights it was exported from (`weights_fingerprint`);
-loading a graph from a folder whose weights have changed since is refused (`stale_graph="warn"`
-only warns), as `lmk-embed push` refuses to publish one.
+The graph carries the fingerprint of the torch weights it was exported from (`weights_fingerprint`,
+over every weight format the folder holds); loading a graph from a folder whose weights have changed
+since is refused, by path or by model id from a Hub-cache snapshot alike (`stale_graph="warn"` only
+warns), as `lmk-embed push` refuses to publish one.
 
 Loading: `AutoModel.from_pretrained(x, trust_remote_code=True, backend="onnx")` (`file_name=`
 picks the int8 graph) returns an `LMKOnnxModel` (modeling_lmk.py): the checkpoint's config and
@@ -66,13 +67,24 @@ def require_onnxruntime():
     return onnxruntime
 
 
+# Every weight format a checkpoint folder may hold (transformers reads safetensors first, then a torch
+# pickle): the fingerprint covers them all, so a graph beside rewritten weights of any format is stale.
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack")
+
+
+def weight_files(folder) -> list[Path]:
+    """The weight files of a checkpoint folder (`WEIGHT_PATTERNS`, top level), in name order."""
+    return sorted({path for pattern in WEIGHT_PATTERNS for path in Path(folder).glob(pattern)}, key=lambda p: p.name)
+
+
 def weights_fingerprint(folder) -> str:
-    """sha256 over a checkpoint folder's safetensors weights (every shard, in name order): recorded in
-    the graphs at export, so a graph exported from other weights is recognised at load and at push."""
+    """sha256 over a checkpoint folder's weight files (`weight_files`: every shard and format, in name
+    order): recorded in the graphs at export, so a graph exported from other weights is recognised at
+    load and at push. A folder of safetensors only has the same fingerprint as before pickles counted."""
     digest = hashlib.sha256()
-    files = sorted(Path(folder).glob("*.safetensors"))
+    files = weight_files(folder)
     if not files:
-        raise FileNotFoundError(f"{folder} holds no .safetensors weights.")
+        raise FileNotFoundError(f"{folder} holds no weights ({', '.join(WEIGHT_PATTERNS)}).")
     for path in files:
         digest.update(path.name.encode() + b"\0")
         with open(path, "rb") as handle:
@@ -81,19 +93,25 @@ def weights_fingerprint(folder) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def check_graph_weights(folder, graph_metadata: dict, file_name: str, stale_graph: str = "error") -> None:
-    """Refuse (or, `stale_graph="warn"`, warn about) a graph in a local checkpoint `folder` that was
-    exported from other torch weights than the folder's: its vectors are the old weights'. A folder
-    without safetensors weights (a graph-only copy) has nothing to compare with."""
+def check_graph_weights(folder, graph_metadata: dict, file_name: str, stale_graph: str = "error",
+                        remedy: str | None = None) -> None:
+    """Refuse (or, `stale_graph="warn"`, warn about) a graph in a checkpoint `folder` (a local folder or
+    a Hub-cache snapshot) that was exported from other torch weights than the folder's: its vectors are
+    the old weights'. A folder without weights (a graph-only copy, or a snapshot where only the graph
+    was downloaded) has nothing to compare with. `remedy` ends the message (default: the command that
+    exports it again)."""
     check_choice("stale_graph", stale_graph, STALE_GRAPH_CHOICES)
     folder = Path(folder)
-    if not any(folder.glob("*.safetensors")):
+    files = weight_files(folder)
+    if not files:
         return
     weights, exported = weights_fingerprint(folder), graph_metadata.get("lmk_weights_sha256")
     if exported == weights:
         return
-    message = (f"{folder / file_name} was exported from other weights ({exported}) than the checkpoint's safetensors "
-               f"({weights}): its vectors are the old weights'. Export it again: lmk-embed export-onnx {folder}")
+    names = ", ".join(path.name for path in files)
+    message = (f"{folder / file_name} was exported from other weights ({exported}) than the checkpoint's {names} "
+               f"({weights}): its vectors are the old weights'. "
+               f"{remedy or f'Export it again: lmk-embed export-onnx {folder}'}")
     if stale_graph == "error":
         raise ValueError(message + " (or load with stale_graph='warn').")
     warnings.warn(message, stacklevel=3)
@@ -194,8 +212,8 @@ def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_arg
     provider, `num_threads` the intra-op threads (or `session_options`, an `onnxruntime.SessionOptions`).
     The Hub arguments (revision, cache_dir, token, local_files_only, subfolder, ...) locate the graph,
     the config and the tokenizer alike. A local folder's graph must come from the folder's weights
-    (`check_graph_weights`; `stale_graph="warn"` only warns); a Hub checkpoint's was checked when it
-    was pushed."""
+    (`check_graph_weights`; `stale_graph="warn"` only warns), and so must a Hub checkpoint's, in the
+    snapshot it was downloaded to (one where only the graph was downloaded has nothing to compare with)."""
     check_choice("backend", backend, BACKENDS)
     check_choice("stale_graph", stale_graph, STALE_GRAPH_CHOICES)
     if model_args:
@@ -222,13 +240,17 @@ def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_arg
         raise OSError(f"{pretrained_model_name_or_path!r} has no {file_name}: export it with `lmk-embed export-onnx CHECKPOINT`.")
     options = session_options if session_options is not None else make_session_options(ort, num_threads)
     graph = OnnxGraph(config, ort.InferenceSession(str(path), options, providers=[provider]), file_name)
-    local = Path(pretrained_model_name_or_path) / hub.get("subfolder", "")
-    if local.is_dir():
-        check_graph_weights(local, graph.metadata, file_name, stale_graph)
+    # The folder the graph was found in: the local folder, or the Hub-cache snapshot of a model id
+    # (where the user cannot see the export history), both with the subfolder.
+    found = Path(path).parents[len(Path(file_name).parts) - 1]
+    local = Path(pretrained_model_name_or_path).is_dir()
+    remedy = None if local else (f"The repository {pretrained_model_name_or_path!r} needs its graph exported again "
+                                 "(lmk-embed export-onnx, then push); until then load it with backend='torch'")
+    check_graph_weights(found, graph.metadata, file_name, stale_graph, remedy)
     model = model_class(config, graph)
     model._tokenizer_loading_kwargs = hub
     return model
 
 
-__all__ = ["BACKENDS", "FP32_FILE", "GRAPH_FORMAT", "STALE_GRAPH_CHOICES", "check_graph_weights", "weights_fingerprint", "INPUT_NAMES", "INSTALL_HINT", "ONNX_FILES",
-           "OUTPUT_NAMES", "QUANTIZED_FILES", "OnnxGraph", "load_onnx_model", "require_onnxruntime"]
+__all__ = ["BACKENDS", "FP32_FILE", "GRAPH_FORMAT", "STALE_GRAPH_CHOICES", "check_graph_weights", "weight_files", "weights_fingerprint", "INPUT_NAMES", "INSTALL_HINT", "ONNX_FILES",
+           "OUTPUT_NAMES", "QUANTIZED_FILES", "WEIGHT_PATTERNS", "OnnxGraph", "load_onnx_model", "require_onnxruntime"]

@@ -102,16 +102,21 @@ def _write_metadata(path: Path, metadata: dict[str, str]) -> None:
 
 def _probe_batches(model: LMKModel) -> list[dict[str, torch.Tensor]]:
     """Batches the export is traced on (the first) and checked on: padded rows of several lengths and,
-    for an extended position table, a row longer than the original positions (read from the extended rows)."""
+    for an extended position table, a row longer than the original positions (read from the extended rows).
+
+    Each row is one sequence, as the graph computes (one vector per row): read in one pass whatever the
+    checkpoint's `long_input`, since `windows` would cut a long row into several, pooled per text by the
+    runtime (`combine_windows`) around the graph, not in it."""
     limit = model.max_positions()
     short = min(limit or 512, 96)
-    batches = [model.prepare_features(_PROBE_TEXTS[:2], max_length=short, training=False),
-               model.prepare_features(_PROBE_TEXTS, max_length=short // 2 + 5, training=False)]
+    probe = {"training": False, "long_input": "one-pass"}
+    batches = [model.prepare_features(_PROBE_TEXTS[:2], max_length=short, **probe),
+               model.prepare_features(_PROBE_TEXTS, max_length=short // 2 + 5, **probe)]
     extension = model.config.position_extension
     if extension is not None and "first_row" in extension:
         length = min(int(extension["original_positions"]) + 200, int(extension["max_positions"]))
         long_text = _PROBE_TEXTS[0] * (length // 40 + 1)  # more tokens than `length`: truncated to it
-        batches.append(model.prepare_features([long_text, _PROBE_TEXTS[1]], max_length=length, training=False))
+        batches.append(model.prepare_features([long_text, _PROBE_TEXTS[1]], max_length=length, **probe))
     return batches
 
 

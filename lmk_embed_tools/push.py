@@ -213,8 +213,8 @@ def scan_onnx(path: Path, weights: str) -> list[str]:
     if metadata.get("lmk_embed_format") != GRAPH_FORMAT:
         problems.append(f"was not written by `lmk-embed export-onnx` (format {metadata.get('lmk_embed_format')!r})")
     elif metadata.get("lmk_weights_sha256") != weights:
-        problems.append("was exported from other weights than this checkpoint's safetensors: export it again "
-                        "(`lmk-embed export-onnx CHECKPOINT`)")
+        problems.append(f"was exported from other weights ({metadata.get('lmk_weights_sha256')}) than this checkpoint's "
+                        f"({weights}): export it again (`lmk-embed export-onnx CHECKPOINT`)")
     return problems
 
 

@@ -256,3 +256,77 @@ def test_a_stale_graph_is_refused_at_load_and_by_encode_corpus(exported, tmp_pat
     assert not (tmp_path / "out" / "manifest.json").exists()
     assert cli.main(["export-onnx", str(folder)]) == 0
     assert load_onnx(folder).encode("hello").shape  # re-exported: loads again
+
+
+def _train_on(tensors: dict) -> dict:
+    """The same tensors with the first one moved: weights the graph was not exported from."""
+    first = sorted(tensors)[0]
+    return {**tensors, first: tensors[first] + 1}
+
+
+def test_a_stale_graph_beside_pickled_weights_is_refused(exported, tmp_path):
+    """Weights saved as `pytorch_model.bin` (the safetensors file gone) are what torch loads, so the
+    graph exported from the old ones is stale: the fingerprint covers every weight format."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = shutil.copytree(exported, tmp_path / "lmk")
+    torch.save(_train_on(load_file(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"exported from other weights \(sha256:.*\) than the checkpoint's pytorch_model\.bin"):
+        load_onnx(folder)
+    assert cli.main(["export-onnx", str(folder)]) == 0  # the pickle's own fingerprint, recorded
+    torch_model = LMKModel.from_pretrained(folder).eval()
+    assert np.abs(load_onnx(folder).encode(TEXTS) - torch_model.encode(TEXTS)).max() <= 1e-4
+
+
+def test_a_stale_graph_loaded_by_model_id_is_refused(exported, tmp_path, monkeypatch):
+    """A downloaded snapshot whose graph was exported from other weights than the snapshot's: refused
+    by model id as by path, naming the repository; a snapshot with the matching graph loads."""
+    from safetensors.torch import load_file, save_file
+
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    push.install_in_hub_cache(exported, "our-org/fresh", cache)
+    assert load_onnx("our-org/fresh", cache_dir=str(cache)).encode("hello").shape == (32,)
+    stale = shutil.copytree(exported, tmp_path / "stale")
+    save_file(_train_on(load_file(stale / "model.safetensors")), stale / "model.safetensors", metadata={"format": "pt"})
+    push.install_in_hub_cache(stale, "our-org/stale", cache)
+    with pytest.raises(ValueError, match=r"snapshots/.*exported from other weights \(sha256:.*\).*'our-org/stale' needs "
+                                         r"its graph exported again"):
+        load_onnx("our-org/stale", cache_dir=str(cache))
+    with pytest.warns(UserWarning, match="exported from other weights"):
+        load_onnx("our-org/stale", cache_dir=str(cache), stale_graph="warn")
+
+
+def test_push_dry_run_names_both_fingerprints_of_a_stale_graph(exported, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from lmk_embed.onnx_backend import weights_fingerprint
+
+    folder = shutil.copytree(exported, tmp_path / "lmk")
+    exported_from = weights_fingerprint(folder)
+    save_file(_train_on(load_file(folder / "model.safetensors")), folder / "model.safetensors", metadata={"format": "pt"})
+    write_card(folder, model_id="our-org/x")
+    code = cli.main(["push", str(folder), "our-org/x", "--dry-run", "--stage-dir", str(tmp_path / "staged")])
+    error = capsys.readouterr().err
+    assert code != 0 and f"exported from other weights ({exported_from}) than this checkpoint's " \
+                          f"({weights_fingerprint(folder)})" in error, error[-2000:]
+
+
+def test_the_demo_recipes_checkpoint_exports(tmp_path):
+    """`make demo`'s LMK conversion (windows by default, the table extended to 4,096): the probe reads
+    one window per row, as the graph computes, so export works; the graph then gives torch's vectors
+    in the checkpoint's own schedule, on texts cut into several windows."""
+    from lmk_embed_tools.onnx_export import export_onnx
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from lmk_embed_tools.training.recipe import CONVERSION_KEYS, RECIPE
+
+    conversion = {key: RECIPE[key] for key in CONVERSION_KEYS}
+    assert conversion["long_input"] == "windows" and conversion["position_extension"] is not None
+    folder = convert_to_lmk(tiny_encoder_source(tmp_path / "bert", "bert"), tmp_path / "lmk", **conversion)
+    export_onnx(folder)
+    model, torch_model = load_onnx(folder), LMKModel.from_pretrained(folder).eval()
+    texts = [SAMPLE_TEXT * 30, SAMPLE_TEXT, "Zip archives."]
+    assert len(torch_model.prepare_features(texts, training=False)["input_ids"]) > len(texts)  # cut into windows
+    assert np.abs(model.encode(texts) - torch_model.encode(texts)).max() <= 1e-4
