@@ -9,11 +9,13 @@ worker thread so the replica keeps answering (and queueing the next batch) while
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (`Request`) as types.
 import asyncio
 import json
+import os
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+import ray
 from ray import serve
 from starlette.exceptions import HTTPException
 
@@ -116,7 +118,11 @@ class EmbeddingServer:
 
     @api.get("/health")
     async def health(self):
-        return {"status": "ok", "model": self.served.name}  # a replica answers only once its model is loaded
+        """Ready: a replica answers only once its model is loaded. Names the replica, its node and process,
+        so an operator (and the tests) can see where requests land."""
+        replica = serve.get_replica_context().replica_id
+        return {"status": "ok", "model": self.served.name, "replica": str(getattr(replica, "unique_id", replica)),
+                "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
 
 def build_application(settings: dict, replicas: int = 1, num_cpus: float = 1, max_batch_size: int = 16,

@@ -1,0 +1,206 @@
+"""`lmk-embed serve` with the tiny LMK checkpoint and a landmark index, through real clients: the
+`openai` package and httpx against one running server (started once for the module)."""
+
+import asyncio
+import copy
+import json
+import random
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.lmk_embed_tools.corpus.indexes import write_indexes
+from tests.lmk_embed_tools.serve.servers import decode_base64, running_server
+
+pytestmark = pytest.mark.slow
+MAX_INPUT_TOKENS = 3000
+TEXTS = ["json encoder options", "the csv module reads rows and writes them back " * 40, "zip"]
+LONG = "regular expressions match text; " * 200  # past the backbone's one-pass budget: read in windows
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, lmk_checkpoint):
+    return write_indexes(tmp_path_factory.mktemp("serve-index"), lmk_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def server(lmk_checkpoint, index, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-log") / "serve.log"
+    with running_server(lmk_checkpoint, "--index", str(index), "--max-input-tokens", str(MAX_INPUT_TOKENS),
+                        "--max-batch-size", "8", "--batch-wait-ms", "10", log_path=log) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+def encode(model, texts, **kwargs):
+    """In-process vectors as the server makes them: long texts in the windows schedule."""
+    return np.asarray(model.encode(texts, long_input="windows", show_progress_bar=False, **kwargs))
+
+
+def post(server, path, body, **kwargs):
+    return httpx.post(f"{server}{path}", json=body, timeout=60, **kwargs)
+
+
+def test_openai_client_vectors_equal_encode_float_and_base64(client, lmk_model):
+    texts = TEXTS + [LONG]
+    expected = encode(lmk_model, texts)
+    # Unasked, the client requests base64 and decodes it itself; asked for base64, it hands over the strings.
+    for encoding_format in ("float", None, "base64"):
+        options = {"encoding_format": encoding_format} if encoding_format else {}
+        response = client.embeddings.create(model="tiny", input=texts, **options)
+        got = np.asarray([decode_base64(item.embedding) if encoding_format == "base64" else item.embedding
+                          for item in response.data], dtype=np.float32)
+        assert np.abs(got - expected).max() <= 1e-6
+        assert [item.index for item in response.data] == list(range(len(texts)))
+    counter = copy.deepcopy(lmk_model.tokenizer.backend_tokenizer)
+    counter.no_truncation()
+    counter.no_padding()
+    tokens = sum(len(counter.encode(text, add_special_tokens=False).ids) for text in texts)
+    assert response.usage.prompt_tokens == response.usage.total_tokens == tokens  # model tokens, no specials
+
+
+def test_base64_is_little_endian_float32_and_a_string_input_is_one_text(server, lmk_model):
+    body = post(server, "/v1/embeddings", {"model": "tiny", "input": "zip", "encoding_format": "base64"}).json()
+    assert len(body["data"]) == 1 and body["object"] == "list" and body["model"] == "tiny"
+    assert np.abs(decode_base64(body["data"][0]["embedding"]) - encode(lmk_model, ["zip"])[0]).max() <= 1e-6
+
+
+def test_input_type_is_encode_query_and_encode_document(server, lmk_model):
+    for input_type, method in (("query", lmk_model.encode_query), ("document", lmk_model.encode_document)):
+        body = post(server, "/v1/embeddings", {"model": "tiny", "input": TEXTS, "input_type": input_type}).json()
+        expected = np.asarray(method(TEXTS, long_input="windows", show_progress_bar=False))
+        assert np.abs(np.asarray([d["embedding"] for d in body["data"]]) - expected).max() <= 1e-6
+
+
+def test_dimensions_shorten_and_renormalise(server, lmk_model):
+    body = post(server, "/v1/embeddings", {"model": "tiny", "input": TEXTS, "dimensions": 8}).json()
+    got = np.asarray([d["embedding"] for d in body["data"]])
+    full = encode(lmk_model, TEXTS)[:, :8]
+    assert got.shape == (3, 8)
+    assert np.abs(got - full / np.linalg.norm(full, axis=1, keepdims=True)).max() <= 1e-6
+
+
+def test_landmarks_are_every_landmark_with_its_span(server, lmk_model):
+    texts = [TEXTS[1], LONG]
+    body = post(server, "/v1/landmarks", {"model": "tiny", "input": texts}).json()
+    expected = lmk_model.encode(texts, output_value="landmarks", long_input="windows", show_progress_bar=False)
+    for item, want in zip(body["data"], expected):
+        got = np.asarray([landmark["embedding"] for landmark in item["landmarks"]])
+        assert got.shape == want["embeddings"].shape and np.abs(got - want["embeddings"]).max() <= 1e-6
+        assert [tuple(landmark["span"]) for landmark in item["landmarks"]] == [tuple(s) for s in want["spans"]]
+
+
+def test_models_and_health(server, client):
+    assert [model.id for model in client.models.list().data] == ["tiny"]
+    health = httpx.get(f"{server}/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny"
+
+
+LONGER = "word " * (MAX_INPUT_TOKENS + 10)
+ERROR_TABLE = [
+    # (path, body (a str is sent as it is), status, param, words in the message)
+    ("/v1/embeddings", "{not json", 400, None, "not valid JSON"),
+    ("/v1/embeddings", "[1, 2]", 400, None, "JSON object"),
+    ("/v1/embeddings", {"model": "tiny", "input": []}, 400, "input", "empty list"),
+    ("/v1/embeddings", {"model": "tiny"}, 400, "input", "required"),
+    ("/v1/embeddings", {"model": "tiny", "input": ["ok", 3]}, 400, "input", "input[1]` must be a string"),
+    ("/v1/embeddings", {"model": "tiny", "input": [[101, 102]]}, 400, "input", "token arrays"),
+    ("/v1/embeddings", '{"model": "tiny", "input": ["ok", "\\ud800"]}', 400, "input", "lone surrogate"),
+    ("/v1/embeddings", {"model": "other", "input": "x"}, 404, "model", "does not exist"),
+    ("/v1/embeddings", {"input": "x"}, 400, "model", "`model` is required"),
+    ("/v1/embeddings", {"model": "tiny", "input": "x", "dimensions": 33}, 400, "dimensions", "from 1 to 32"),
+    ("/v1/embeddings", {"model": "tiny", "input": "x", "dimensions": 0}, 400, "dimensions", "from 1 to 32"),
+    ("/v1/embeddings", {"model": "tiny", "input": "x", "encoding_format": "int8"}, 400, "encoding_format", "one of"),
+    ("/v1/embeddings", {"model": "tiny", "input": "x", "input_type": "passage"}, 400, "input_type", "one of"),
+    ("/v1/embeddings", {"model": "tiny", "input": "x", "task": "find"}, 400, "task", "recurrent"),
+    ("/v1/embeddings", {"model": "tiny", "input": "x", "temperature": 1}, 400, "temperature", "unknown field"),
+    ("/v1/embeddings", {"model": "tiny", "input": ["x", LONGER]}, 413, "input", f"limit of {MAX_INPUT_TOKENS} tokens"),
+    ("/v1/landmarks", {"model": "tiny", "input": ""} , None, None, None),  # an empty text has no landmarks: 200
+    ("/v1/search", {"query": ["  "]}, 400, "query", "blank"),
+    ("/v1/search", {"query": "x", "mode": "semantic"}, 400, "mode", "one of"),
+    ("/v1/search", {"query": "x", "top_k": 0}, 400, "top_k", "positive integer"),
+    ("/v1/search", {"query": "x", "fuse": 2}, 400, "fuse", "from 0 to 1"),
+    ("/v1/nothing", {}, 404, None, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param, words", ERROR_TABLE, ids=[f"{r[0]}-{i}" for i, r in enumerate(ERROR_TABLE)])
+def test_error_table(server, path, body, status, param, words):
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(f"{server}{path}", content=content, headers={"content-type": "application/json"}, timeout=60)
+    if status is None:
+        assert response.status_code == 200
+        return
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and words in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_openai_client_raises_on_a_bad_request(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="empty list"):
+        client.embeddings.create(model="tiny", input=[])
+
+
+def test_a_burst_gives_every_request_its_own_vectors(server, lmk_model):
+    """120 requests at concurrency 16, one to three texts of mixed lengths, some as queries: batched
+    together on the replica, each answer must be its own inputs' vectors."""
+    rng = random.Random(0)
+    words = "json csv zip regular expression module reads rows files archive text encoder".split()
+    requests = []
+    for number in range(120):
+        texts = [" ".join(rng.choices(words, k=rng.choice((1, 5, 40, 150)))) + f" {number}"
+                 for _ in range(rng.randint(1, 3))]
+        requests.append({"model": "tiny", "input": texts, **({"input_type": "query"} if number % 3 == 0 else {})})
+
+    async def burst():
+        limit = asyncio.Semaphore(16)
+        async with httpx.AsyncClient(base_url=server, timeout=120) as http:
+            async def one(body):
+                async with limit:
+                    return (await http.post("/v1/embeddings", json=body)).json()
+            return await asyncio.gather(*(one(body) for body in requests))
+
+    answers = asyncio.run(burst())
+    plain = [t for body in requests if "input_type" not in body for t in body["input"]]
+    queries = [t for body in requests if "input_type" in body for t in body["input"]]
+    expected = dict(zip(plain, encode(lmk_model, plain)))
+    expected_query = dict(zip(queries, np.asarray(lmk_model.encode_query(queries, long_input="windows",
+                                                                         show_progress_bar=False))))
+    for body, answer in zip(requests, answers):
+        table = expected_query if "input_type" in body else expected
+        got = np.asarray([item["embedding"] for item in answer["data"]])
+        assert np.abs(got - np.stack([table[t] for t in body["input"]])).max() <= 1e-6
+
+
+def test_dense_search_equals_the_search_command(server, index, capsys):
+    from lmk_embed_tools import cli
+
+    queries = ["csv rows", "zip archives"]
+    assert cli.main(["search", str(index), *queries, "--top-k", "3", "--fuse", "0.25", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    body = post(server, "/v1/search", {"query": queries, "top_k": 3, "fuse": 0.25}).json()
+    served = [{"query": item["query"], "rank": rank, **hit} for item in body["data"]
+              for rank, hit in enumerate(item["hits"], 1)]
+    assert served == lines
+
+
+def test_lexical_and_hybrid_search(server, index):
+    import bm25s
+
+    lexical = post(server, "/v1/search", {"query": "csv module rows", "mode": "lexical", "top_k": 2}).json()
+    hits = lexical["data"][0]["hits"]
+    assert hits[0]["id"] == "d1" and hits[0]["text"]  # the one document holding those words
+    hybrid = post(server, "/v1/search", {"query": "csv module rows", "mode": "hybrid", "top_k": 4}).json()
+    assert {hit["id"] for hit in hybrid["data"][0]["hits"]} <= {"d0", "d1", "d2", "d3"}
+    assert hybrid["data"][0]["hits"][0]["id"] == "d1"  # first in the lexical ranking, and in the fused one
+    assert bm25s.__name__ == "bm25s"
