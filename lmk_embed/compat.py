@@ -73,12 +73,17 @@ BACKBONE_INTERNALS = {
         "": ("embeddings", "layers", "norm_f"),
         "norm_f": ("weight", "variance_epsilon"),
         "layers[0]": ("norm", "mixer", "residual_in_fp32"),
+        "layers[0].norm": ("weight", "variance_epsilon"),
         "layers[0].mixer": ("in_proj", "conv1d", "act", "intermediate_size", "conv_dim", "num_heads", "n_groups",
                             "ssm_state_size", "head_dim", "A_log", "time_step_limit", "chunk_size", "D", "dt_bias",
                             "norm", "out_proj"),
-        "layers[0].mixer.norm": ("weight", "variance_epsilon"),
+        "layers[0].mixer.conv1d": ("weight", "bias"),
+        # The gated norm's groups: a release storing them under another name would otherwise be read
+        # as one group, silently (0.14 off transformers' own forward).
+        "layers[0].mixer.norm": ("weight", "variance_epsilon", "group_size"),
     }),
-    "xlstm": ("transformers", {"": ("config", "blocks"), "blocks[0].mlstm_layer": ("qk_dim", "v_dim")}),
+    "xlstm": ("transformers", {"": ("config", "blocks"), "blocks[0]": ("mlstm_layer",),
+                               "blocks[0].mlstm_layer": ("qk_dim", "v_dim")}),
     "rwkv7": ("fla", {
         "": ("embeddings", "layers", "norm"),
         "layers[0]": ("attn", "attn_norm", "ffn", "ffn_norm"),
@@ -89,6 +94,8 @@ BACKBONE_INTERNALS = {
         "layers[0].attn.g_norm": ("num_groups", "weight", "bias", "eps"),
         "layers[0].ffn": ("key", "value", "x_k"),
         "layers[0].attn_norm": ("weight", "bias", "eps"),
+        "layers[0].ffn_norm": ("weight", "bias", "eps"),
+        "norm": ("weight", "bias", "eps"),
     }),
 }
 

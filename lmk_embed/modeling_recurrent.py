@@ -289,19 +289,20 @@ def causal_conv_with_state(inputs, weight, bias, state):
 
 
 def rms_norm(norm, hidden, gate=None):
-    """transformers' Mamba2 RMSNorm (gate None) or gated RMSNorm (`norm(hidden, gate)`), with torch's
-    fused `rms_norm` (one pass instead of five).
+    """transformers' Mamba2 RMSNorm (gate None) or gated RMSNorm (`norm(hidden, gate)`, normalised per
+    group of `norm.group_size`), with torch's fused `rms_norm` (one pass instead of five).
 
     hidden [b, t, width], gate [b, t, width] or None -> [b, t, width]. As transformers does: float32
     inside, then cast back to hidden's dtype and times the weight (float32 throughout: the fused
-    weighted form).
+    weighted form). Every attribute read here is in compat's `BACKBONE_INTERNALS`, checked at load.
     """
     dtype = hidden.dtype
     hidden = hidden.float()
+    width = hidden.shape[-1]
+    group = width
     if gate is not None:
         hidden = hidden * F.silu(gate.float())
-    width = hidden.shape[-1]
-    group = getattr(norm, "group_size", width)
+        group = norm.group_size  # only the gated norm has groups
     if group == width and dtype == norm.weight.dtype == torch.float32:
         return F.rms_norm(hidden, (width,), norm.weight, norm.variance_epsilon)
     normed = F.rms_norm(hidden.unflatten(-1, (width // group, group)), (group,), None, norm.variance_epsilon)

@@ -3,6 +3,7 @@ naming the version, and undoing another package's takeover of transformers' mode
 the entries that package took over, deleting nothing."""
 
 import importlib
+import re
 
 import pytest
 from transformers import CONFIG_MAPPING, AutoConfig, Mamba2Config, PretrainedConfig
@@ -96,4 +97,135 @@ def test_a_missing_internal_fails_at_load_naming_library_version_and_attribute(m
     with pytest.raises(compat.MissingInternalError,
                        match=rf"reads `layers\[0\]\.mixer\.time_step_limit` of Mamba2Model, which transformers "
                              rf"{transformers.__version__} does not have"):
+        RecurrentEmbedModel.from_pretrained(mamba2_checkpoint)
+
+
+# ---- every foreign attribute the recurrent block steps read goes through the adapter's check ----------
+
+
+def _declared(model_type: str) -> set[tuple[str, str]]:
+    """(module path, attribute) pairs `check_backbone_internals` checks for `model_type`: each listed
+    attribute, and each step of the walk to a listed module (`layers[0].mixer` checks `layers`, `mixer`)."""
+    _, paths = compat.BACKBONE_INTERNALS[model_type]
+    pairs = set()
+    for path, names in paths.items():
+        pairs |= {(path, name) for name in names}
+        parts = path.split(".") if path else []
+        pairs |= {(".".join(parts[:i]), part.split("[")[0]) for i, part in enumerate(parts)}
+    return pairs
+
+
+def _reads_while(backbone, run) -> set[tuple[str, str]]:
+    """(module path, attribute) pairs that the shipped recurrent files read from `backbone`'s modules
+    while `run()` runs (layer indices as `[0]`; reads by torch or by the library itself not counted,
+    nor nn.Module's / PreTrainedModel's public API)."""
+    import re
+    import sys
+
+    import torch
+    from transformers import PreTrainedModel
+
+    paths = {id(module): re.sub(r"\.\d+(?=\.|$)", "[0]", name) for name, module in backbone.named_modules()}
+    reads, tracked = set(), {}
+
+    def tracking_class(cls):
+        def __getattribute__(self, name):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.endswith(("modeling_recurrent.py", "modeling_rwkv7.py")) and not (
+                    hasattr(torch.nn.Module, name) or hasattr(PreTrainedModel, name)):
+                reads.add((paths[id(self)], name))
+            return cls.__getattribute__(self, name)
+
+        return tracked.setdefault(cls, type(cls.__name__, (cls,), {"__getattribute__": __getattribute__}))
+
+    modules = list(backbone.modules())
+    classes = [type(module) for module in modules]
+    for module, cls in zip(modules, classes):
+        module.__class__ = tracking_class(cls)
+    try:
+        run()
+    finally:
+        for module, cls in zip(modules, classes):
+            module.__class__ = cls
+    return reads
+
+
+def _xlstm_embedder():
+    from transformers import xLSTMConfig
+
+    from lmk_embed import RecurrentEmbedModel
+    from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
+
+    backbone = xLSTMConfig(vocab_size=64, hidden_size=32, num_heads=2, num_blocks=1, qk_dim_factor=1.0, chunk_size=8,
+                           pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=8)).eval()
+
+
+@pytest.fixture(scope="module")
+def embedders(mamba2_checkpoint):
+    from lmk_embed import RecurrentEmbedModel
+
+    return {"mamba2": RecurrentEmbedModel.from_pretrained(mamba2_checkpoint).eval(), "xlstm": _xlstm_embedder()}
+
+
+@pytest.mark.parametrize("model_type", ["mamba2", "xlstm"])
+def test_every_attribute_the_block_step_reads_is_checked_at_load(model_type, embedders):
+    """The vertical schedule's reads of the backbone's modules, recorded, are all in the adapter's list:
+    none is read around it (as the gated norm's `group_size` once was, with a silent default)."""
+    import torch
+
+    model = embedders[model_type]
+    ids = torch.randint(3, 60, (2, 21))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        reads = _reads_while(model.backbone, lambda: model(ids, mask, schedule="vertical", block_size=8))
+    assert reads, "nothing recorded: the recorder is broken"
+    assert reads <= _declared(model_type), sorted(reads - _declared(model_type))
+
+
+@pytest.mark.parametrize("model_type", ["mamba2", "xlstm"])
+def test_each_attribute_renamed_is_refused_naming_library_version_and_attribute(model_type, embedders):
+    import transformers
+
+    backbone = embedders[model_type].backbone
+    _, paths = compat.BACKBONE_INTERNALS[model_type]
+    checked = 0
+    for path, names in paths.items():
+        module = compat._walk(backbone, path)
+        for name in names:
+            value = getattr(module, name)
+            delattr(module, name)  # as a release that renamed it: the value lives on under another name
+            object.__setattr__(module, f"renamed_{name}", value)
+            try:
+                where = f"{path}.{name}" if path else name
+                with pytest.raises(compat.MissingInternalError,
+                                   match=rf"reads `{re.escape(where)}` of {type(backbone).__name__}, which transformers "
+                                         rf"{re.escape(transformers.__version__)} does not have"):
+                    compat.check_backbone_internals(model_type, backbone)
+            finally:
+                object.__delattr__(module, f"renamed_{name}")
+                setattr(module, name, value)
+            checked += 1
+    compat.check_backbone_internals(model_type, backbone)  # all restored
+    assert checked == sum(len(names) for names in paths.values())
+
+
+def test_a_gated_norm_storing_its_groups_under_another_name_fails_at_load(mamba2_checkpoint, monkeypatch):
+    """The issue's case: transformers' `MambaRMSNormGated` with its `group_size` renamed loaded and
+    encoded 0.14 off transformers' own forward (read as one group); now loading names it."""
+    import transformers
+    from transformers.models.mamba2 import modeling_mamba2
+
+    from lmk_embed import RecurrentEmbedModel
+
+    original = modeling_mamba2.MambaRMSNormGated.__init__
+
+    def renamed(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.groups_of = self.__dict__.pop("group_size")
+
+    monkeypatch.setattr(modeling_mamba2.MambaRMSNormGated, "__init__", renamed)
+    with pytest.raises(compat.MissingInternalError,
+                       match=rf"reads `layers\[0\]\.mixer\.norm\.group_size` of Mamba2Model, which transformers "
+                             rf"{re.escape(transformers.__version__)} does not have"):
         RecurrentEmbedModel.from_pretrained(mamba2_checkpoint)
