@@ -125,9 +125,13 @@ def genre_split(task: str, args: argparse.Namespace, count_tokens, pages: dict):
         except ValueError as error:  # the toolchain's books are not installed
             raise UsageError(str(error)) from None
     if subject:
-        return subject_task(genre, pages[genre], max_queries=args.queries, max_documents=args.documents, seed=args.seed)
-    return deep_evidence_task(genre, pages[genre], count_tokens, max_queries=args.queries, max_documents=args.documents,
-                              seed=args.seed)
+        data = subject_task(genre, pages[genre], max_queries=args.queries, max_documents=args.documents, seed=args.seed)
+    else:
+        data = deep_evidence_task(genre, pages[genre], count_tokens, max_queries=args.queries,
+                                  max_documents=args.documents, seed=args.seed)
+    # The counts depend on what the machine has installed: say them.
+    print(f"{data.name}: {len(data.queries)} queries, {len(data.documents)} candidates of {len(pages[genre])} pages")
+    return data
 
 
 def task_jobs(args: argparse.Namespace, count_tokens) -> list:
