@@ -83,7 +83,8 @@ def _unique(pages: list[GenrePage], found_elsewhere: bool) -> list[GenrePage]:
 
 # ---- readme: installed distributions' long descriptions ----------------------------------------------
 
-IMAGE_LINE = re.compile(r"!\[|\.\. \|?[\w -]*\|? ?image::|<img\s|^\s*:(target|alt|width|height|align):", re.I)
+IMAGE_LINE = re.compile(r"!\[|\.\. \|?[\w -]*\|? ?image::|<img\s|^\s*:(target|alt|width|height|align):"
+                        r"|^\s*(\|[\w .-]+\|_?\s*)+$", re.I)  # the last: a line of reST badge references
 MARKDOWN_LINK = re.compile(r"\[([^\]\n]*)\]\([^)\n]*\)")
 REFERENCE_LINK = re.compile(r"\[([^\]\n]*)\]\[[^\]\n]*\]")
 LINK_DEFINITION = re.compile(r"^\s*\[[^\]\n]+\]:\s*\S+.*$", re.M)

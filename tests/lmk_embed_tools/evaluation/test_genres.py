@@ -76,7 +76,7 @@ def test_a_name_or_a_text_seen_twice_is_kept_once(site, tmp_path):
 
 
 def test_readme_text_keeps_link_text_and_drops_images():
-    text = readme_text(".. image:: https://x/y.svg\n   :target: https://x\n\nRead `the guide <https://g.example>`_ "
+    text = readme_text(".. image:: https://x/y.svg\n   :target: https://x\n|pypi| |build|_\n\nRead `the guide <https://g.example>`_ "
                        "and [this][ref] or <a href='https://h'>that</a> at https://bare.example now.\n\n"
                        "[ref]: https://ref.example\n![logo](logo.png)")
     assert text == "Read the guide and this or that at now."
