@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo train-full train-student test install clean bench-onnx-peer bench-llamacpp
+.PHONY: demo train-full train-student test install clean bench-onnx-peer bench-llamacpp bench-serve
 
 EXTRAS := train,eval,dev,rwkv7,scale,onnx,search,serve
 
@@ -74,6 +74,21 @@ LLAMACPP_ARGS ?= --quick
 
 bench-llamacpp: $(STAMP) $(LLAMACPP_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.recurrent_vs_llamacpp --peer-python $(LLAMACPP_VENV)/bin/python $(LLAMACPP_ARGS)
+
+# Infinity, the serving benchmark's peer (benchmarks/serve.py): it pins sentence-transformers < 4 and
+# transformers <= 5.0, so it gets a venv of its own under runs/, never the package or the tests.
+# The set pip resolves for it (measured): sentence-transformers 3.4.1, transformers 4.57.6.
+INFINITY_VENV := runs/venv-infinity-peer
+INFINITY_SET  := torch==2.13.0 "infinity-emb[server,torch]==0.0.78" sentence-transformers==3.4.1 transformers==4.57.6 \
+                 huggingface-hub==0.36.2 tokenizers==0.22.2 fastapi==0.165.0 uvicorn==0.32.1 numpy==1.26.4
+
+$(INFINITY_VENV)/.installed:
+	test -x $(INFINITY_VENV)/bin/python || python3 -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/python -m pip install -q $(addprefix --find-links ,$(FIND_LINKS)) $(INFINITY_SET)
+	touch $@
+
+bench-serve: $(STAMP) $(INFINITY_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.serve --peer-python $(INFINITY_VENV)/bin/python
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
