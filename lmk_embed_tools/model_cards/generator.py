@@ -197,7 +197,25 @@ model = SentenceTransformer(model_id, trust_remote_code=True)
 model.add_adapter(LoraConfig(r=16, lora_alpha=16, target_modules={lora_target_modules(backbone_type)!r}))
 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 print(f"{{trainable}} trainable parameters")  # then train with SentenceTransformerTrainer'''
-    return {"automodel": automodel, "sentence_transformers": sentence_transformers, "peft": peft}
+    return {"automodel": automodel, "sentence_transformers": sentence_transformers, "peft": peft,
+            "serve_command": serve_command(model_id), "serve_client": serve_client(model_id)}
+
+
+def serve_command(model_id: str) -> str:
+    """The shell lines that serve a checkpoint and query it (README and cards)."""
+    return (f'lmk-embed serve {model_id}  # the model is then named {model_id!r}; --port 8000 by default\n'
+            f'curl -s http://127.0.0.1:8000/v1/embeddings -H "content-type: application/json" '
+            f'-d \'{{"model": "{model_id}", "input": ["How do I parse JSON?"]}}\'')
+
+
+def serve_client(model_id: str) -> str:
+    """The `openai` client against `lmk-embed serve` (README and cards)."""
+    return f'''from openai import OpenAI
+
+client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+response = client.embeddings.create(model="{model_id}", input=["How do I parse JSON?"],
+                                    extra_body={{"input_type": "query"}})  # the checkpoint's query prompt
+print(len(response.data[0].embedding))'''
 
 
 ONNX_DESCRIPTIONS = {

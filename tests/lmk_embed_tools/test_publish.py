@@ -346,6 +346,8 @@ def test_card_snippets_run(which, request, tmp_path):
     folder = request.getfixturevalue(which)
     text = (folder / "README.md").read_text()
     snippets = re.findall(r"```python\n(.*?)```", text, re.S)
+    # The serving snippet needs a running server: tests/lmk_embed_tools/serve runs that client.
+    snippets = [snippet for snippet in snippets if "base_url=" not in snippet]
     assert len(snippets) == 3
     codes = [re.sub(r'model_id = ".*?"', f"model_id = {str(folder)!r}", snippet) for snippet in snippets]
     assert all(code != snippet for code, snippet in zip(codes, snippets))
