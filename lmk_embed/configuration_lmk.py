@@ -89,6 +89,9 @@ class LMKConfig(PretrainedConfig):
         if self.window_length is not None and (isinstance(self.window_length, bool)
                                                or not isinstance(self.window_length, int) or self.window_length < 3):
             raise ValueError(f"`window_length` must be an integer of at least 3 or None, got {self.window_length!r}.")
+        if self.window_length is not None and self.pooling != "lmk":
+            raise ValueError(f"`window_length` is the window of long_input='windows', which pools landmarks: it needs "
+                             f"pooling='lmk', not {self.pooling!r} (leave window_length out).")
         if self.max_length is not None and self.max_length < 3:
             raise ValueError(f"`max_length` must be at least 3 ([CLS], one token, a landmark), got {self.max_length}.")
 

@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_train_student(args: argparse.Namespace) -> int:
+    from lmk_embed_tools.commandline import check_output
+
+    if args.out is not None:  # checked before the corpora and the teacher, not when the results are written
+        check_output(args.out, "--out")
     budget = dict(BUDGETS[args.budget])
     if args.steps is not None:
         budget["steps"] = args.steps

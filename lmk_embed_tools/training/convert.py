@@ -131,13 +131,47 @@ def convert_to_lmk(
         raise ConversionError(f"`source` {str(source)!r}: {error}") from None
     if extension is not None:
         tokenizer.model_max_length = extension["max_positions"]
+    check_window_length(config, tokenizer, model.max_positions())
     return save_checkpoint(model, tokenizer, output_dir)
+
+
+def check_window_length(config, tokenizer, limit: int | None) -> None:
+    """The checkpoint's default window W (`config.window_length`) must fit the position table and hold
+    one chunk of the default g with its landmark and start token, or every text longer than W fails."""
+    if config.window_length is None:
+        return
+    smallest = config.granularity + 1 + int(tokenizer.start_token_id is not None)
+    if config.window_length < smallest:
+        raise ConversionError(f"`window_length`={config.window_length} must hold one chunk of g={config.granularity} "
+                              f"tokens with its landmark and the start token (at least {smallest}).")
+    try:
+        check_position_limit("window_length", config.window_length, limit)
+    except ValueError as error:
+        raise ConversionError(str(error)) from None
+
+
+# Our own checkpoints' model types: already converted.
+CONVERTED_MODEL_TYPES = ("lmk_embedder", "recurrent_embedder")
+
+
+def check_not_converted(source: str | Path, config: dict | None) -> None:
+    """Refuse one of our own checkpoints as a source: converting it again nests its config in another
+    (a checkpoint that cannot load), and what a user wants from it needs no conversion."""
+    model_type = (config or {}).get("model_type")
+    if model_type in CONVERTED_MODEL_TYPES:
+        base = (config or {}).get("base_model")
+        raise ConversionError(
+            f"`source` {str(source)!r} is already an lmk-embed checkpoint ({model_type}); converting it again would "
+            f"nest it in another, which cannot load. Convert the model it was made from{f' ({base})' if base else ''} "
+            "instead, or keep this checkpoint and set its options per call (encode(granularity=..., long_input=..., "
+            "window_length=..., max_length=...)).")
 
 
 def check_recurrent_source(source: str | Path, config: dict | None) -> None:
     """Recurrent conversion takes the recurrent LMs we embed with; an encoder belongs to `convert-lmk`."""
     from lmk_embed.modeling_recurrent import STATE_CARRIERS
 
+    check_not_converted(source, config)
     model_type = (config or {}).get("model_type")
     if model_type is not None and model_type not in STATE_CARRIERS:
         hint = " (an encoder: convert it with `lmk-embed convert-lmk`)" if not (config or {}).get("is_decoder") else ""
@@ -152,6 +186,7 @@ def check_encoder_source(source: str | Path) -> None:
     from lmk_embed.modeling_recurrent import STATE_CARRIERS
 
     config = source_config(source) or {}
+    check_not_converted(source, config)
     model_type = config.get("model_type")
     if model_type in {*STATE_CARRIERS, "mamba"} or find_mamba_ssm_folder(source) is not None:
         raise ConversionError(f"`source` {str(source)!r} is a recurrent language model ({model_type or 'mamba_ssm layout'}), "
@@ -265,18 +300,21 @@ def convert_to_recurrent(
         backbone = load_source_backbone(source, **({"rescale_prenorm_residual": False} if rescaled else {}))
         if rescaled:
             backbone.config.rescale_prenorm_residual = True
-    config = RecurrentEmbedConfig(
-        backbone_config=backbone_config_dict(backbone),
-        schedule=schedule,
-        block_size=block_size,
-        ssd_chunk_size=ssd_chunk_size,
-        normalize=normalize,
-        add_bos_token=add_bos_token,
-        max_length=max_length,
-        default_task=default_task or DEFAULT_TASK,
-        base_model=base_model if base_model is not None else hub_id_or_none(source),
-        distilled_from=distilled_from,
-    )
+    try:
+        config = RecurrentEmbedConfig(
+            backbone_config=backbone_config_dict(backbone),
+            schedule=schedule,
+            block_size=block_size,
+            ssd_chunk_size=ssd_chunk_size,
+            normalize=normalize,
+            add_bos_token=add_bos_token,
+            max_length=max_length,
+            default_task=default_task or DEFAULT_TASK,
+            base_model=base_model if base_model is not None else hub_id_or_none(source),
+            distilled_from=distilled_from,
+        )
+    except ValueError as error:  # the config's check names the option
+        raise ConversionError(str(error)) from None
     model = RecurrentEmbedModel(config)
     check_position_limit("max_length", max_length, model.max_positions())
     copy_backbone_weights(model.backbone, backbone.state_dict(), ignore_prefixes=())
@@ -462,7 +500,7 @@ def source_config(source: str | Path) -> dict | None:
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
-            return None
+            raise ConversionError(f"`source` {str(source)!r} holds no config.json: it is not a model folder.")
         try:
             config = json.loads(config_path.read_text())
         except json.JSONDecodeError as error:

@@ -516,12 +516,11 @@ def train(config: TrainConfig) -> dict:
         return finished
     set_seed(config.seed)
     family, backbone_type = model_family(config.model)
-    output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    config.to_yaml(output_dir / RUN_CONFIG_NAME)
-
     st, embedder = load_sentence_transformer(config, family, backbone_type)
     rows, held_out, report = training_rows(config)
+    output_dir = Path(config.output_dir)  # written once the data is read: a bad file leaves nothing behind
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config.to_yaml(output_dir / RUN_CONFIG_NAME)
     query_prefix = embedder.config.query_prompt if family == "recurrent_embedder" else None
     dataset = to_training_dataset(rows, query_prefix=query_prefix)
     has_label = "label" in dataset.column_names

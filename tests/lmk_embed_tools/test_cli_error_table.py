@@ -4,6 +4,7 @@ naming the problem, and no traceback. Run in process: a traceback would be an ex
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ def files(tmp_path_factory, minilm_path, lmk_checkpoint):
     (root / "a-file").write_text("x")
     (root / "in.jsonl").write_text('{"id": "a", "text": "x"}\n')
     (root / "pairs.jsonl").write_text('{"query": "q", "positive": "p"}\n')
+    (root / "pairs.txt").write_text("q\tp\n")
+    (root / "empty").mkdir()
     pickled = shutil.copytree(minilm_path, root / "pickle-only",
                               ignore=shutil.ignore_patterns("*.safetensors", "onnx", "openvino", "*.onnx"))
     from safetensors.torch import load_file
@@ -87,6 +90,21 @@ CASES = [
     (["search", "{root}/index", "q", "--model", "{minilm}"], "is not the model that encoded INDEX"),
     (["search", "{root}/index", "  "], "query 1 is empty or blank"),
     (["search", "{root}/index", "q", ""], "query 2 is empty or blank"),
+    # conversions that wrote checkpoints which could not be used, or gave tracebacks
+    (["convert-lmk", "{minilm}", "{root}/out-17", "--long-input", "windows", "--window-length", "3"],
+     "`window_length`=3 must hold one chunk of g=128"),
+    (["convert-lmk", "{minilm}", "{root}/out-18", "--long-input", "windows", "--window-length", "9999"],
+     "`window_length`=9999 exceeds the backbone's limit of 512"),
+    (["convert-lmk", "{minilm}", "{root}/out-19", "--pooling", "cls", "--window-length", "64"], "needs pooling='lmk'"),
+    (["convert-lmk", "{lmk}", "{root}/out-20"], "already an lmk-embed checkpoint (lmk_embedder)"),
+    (["convert-recurrent", "{mamba2}", "{root}/out-21"], "already an lmk-embed checkpoint (recurrent_embedder)"),
+    (["convert-lmk", "{root}/empty", "{root}/out-22"], "holds no config.json"),
+    (["convert-recurrent", "{root}/empty", "{root}/out-23"], "holds no config.json"),
+    (["convert-recurrent", "{mamba2_lm}", "{root}/out-24", "--max-length", "1"], "`max_length` must be at least 2"),
+    # runs refused before they start or write
+    (["train-student", "--out", "{root}/a-file"], "--out"),
+    (["train", "--model", "{lmk}", "--output_dir", "{root}/out-25", "--train_data", "{root}/pairs.txt"],
+     "Unsupported training data format '.txt'"),
 ]
 
 
@@ -96,6 +114,8 @@ def test_error_table(args, named, files, minilm_path, lmk_checkpoint, mamba2_lm,
     code, lines, err = exit_and_lines([arg.format(**values) for arg in args], capsys)
     assert code == 2 and len(lines) == 1 and named in lines[0], err[-3000:]
     assert "Traceback" not in err and lines[0] == err.strip().splitlines()[-1]
+    outputs = [arg.format(**values) for arg in args if "{root}/out-" in arg]
+    assert not any(Path(out).exists() for out in outputs), "a refused command wrote its output"
 
 
 @pytest.mark.parametrize("args, named", [
