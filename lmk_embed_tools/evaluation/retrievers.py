@@ -107,14 +107,15 @@ class DenseRetriever:
 class MultiVectorRetriever(DenseRetriever):
     """Late interaction over an LMK model's landmark vectors, from the same single encoder pass.
 
-    `mode="max"`: max over landmarks of cos(query, landmark). `mode="hybrid"`: `alpha` * that max
+    `mode="max"`: max over landmarks of cos(query, landmark). `mode="mean"`: cos(query, their mean), the
+    single vector of lmk pooling, in every schedule. `mode="hybrid"`: `alpha` * that max
     + (1 - alpha) * cos(query, single-vector LMK embedding) (the mean of the landmark states).
     `group` k > 1 pools each run of k consecutive landmarks first (k (g+1) + 1 tokens: the landmarks
     of one window of that length), so the index holds one vector per span of k chunks."""
 
     def __init__(self, model, name: str, mode: str = "max", alpha: float = 0.5, group: int = 1, **kwargs):
-        if mode not in ("max", "hybrid"):
-            raise ValueError(f"`mode` must be 'max' or 'hybrid', got {mode!r}")
+        if mode not in ("max", "mean", "hybrid"):
+            raise ValueError(f"`mode` must be 'max', 'mean' or 'hybrid', got {mode!r}")
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
             raise ValueError(f"`group` must be a positive integer, got {group!r}")
         super().__init__(model, name, **kwargs)
@@ -415,7 +416,11 @@ def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, m
                     label, options = f"{label} {long_input}", {**options, "long_input": long_input}
                 if window_length:
                     label, options = f"{label} W={window_length}", {**options, "window_length": window_length}
-                retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))
+                if is_lmk and multi_vector and model.config.pooling == "lmk":
+                    # lmk pooling is the mean of the landmark states: the single vector from the landmarks' pass
+                    retrievers.append(MultiVectorRetriever(model, label, mode="mean", batch_size=batch_size, **options))
+                else:
+                    retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))
                 if is_lmk and multi_vector and model.config.pooling in ("lmk", "mean@k"):
                     for group in landmark_groups:
                         suffix = f" k={group}" if group > 1 else ""

@@ -25,3 +25,24 @@ def test_groups_are_the_means_of_consecutive_runs_and_score_by_the_best_one():
 def test_bad_group_is_named(group):
     with pytest.raises(ValueError, match="`group`"):
         MultiVectorRetriever(object(), "x", group=group)
+
+
+def test_the_mean_of_the_landmarks_pass_is_the_single_vector(minilm_path, tmp_path):
+    """With --multi-vector, an lmk-pooled row's single vector comes from the landmarks' pass: the same
+    scores as encoding the single vector, in the windows schedule too."""
+    from transformers import AutoModel
+
+    from lmk_embed_tools.evaluation.cache import EmbeddingCache
+    from lmk_embed_tools.evaluation.retrievers import DenseRetriever
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from tests.helpers import stdlib_texts
+
+    folder = convert_to_lmk(str(minilm_path), tmp_path / "lmk", granularity=32, long_input="windows", window_length=128)
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    texts = stdlib_texts(40)
+    documents = {f"d{i}": " ".join(texts[i::3]) for i in range(3)}
+    queries = ["encode json", "wrap text into lines"]
+    dense = DenseRetriever(model, "single", progress=False).scores(queries, documents, 2048, EmbeddingCache(None))
+    mean = MultiVectorRetriever(model, "mean", mode="mean", progress=False).scores(queries, documents, 2048,
+                                                                                  EmbeddingCache(None))
+    assert np.allclose(dense, mean, atol=1e-5)
