@@ -128,5 +128,7 @@ class EmbeddingServer:
 def build_application(settings: dict, replicas: int = 1, num_cpus: float = 1, max_batch_size: int = 16,
                       batch_wait_ms: float = 5.0):
     """The bound application: `replicas` copies of the model, each reserving `num_cpus` Ray CPUs."""
-    deployment = EmbeddingServer.options(num_replicas=replicas, ray_actor_options={"num_cpus": num_cpus})
+    # Serve lets 5 requests into a replica by default: too few to fill a batch. Four batches may wait.
+    deployment = EmbeddingServer.options(num_replicas=replicas, ray_actor_options={"num_cpus": num_cpus},
+                                         max_ongoing_requests=4 * max_batch_size)
     return deployment.bind(settings, max_batch_size, batch_wait_ms)

@@ -50,6 +50,9 @@ def add_serve_command(subparsers) -> None:
                         help="answer 413 for a text over this many tokens (default: no limit)")
     parser.add_argument("--address", default=None, help="a running Ray cluster (e.g. auto or ray://HOST:10001); "
                         "default: a local Ray started for this command")
+    parser.add_argument("--proxy-location", default="HeadOnly", choices=["HeadOnly", "EveryNode"],
+                        help="where Serve's HTTP proxy runs on a cluster: the head node (the one address printed), "
+                             "or every node (each answers on --port)")
     parser.add_argument("--backend", default="torch", choices=["torch", "onnx"],
                         help="onnx: the checkpoint's onnx/model.onnx on ONNX Runtime (lmk-embed export-onnx)")
     parser.set_defaults(handler=run_serve)
@@ -85,7 +88,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # SIGTERM stops the server as Ctrl-C does: Serve's actors go with it.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": args.port})
         serve.run(application, name="lmk-embed", route_prefix="/")
         print(f"serving {settings['name']!r} at http://{args.host}:{args.port}/v1 "
               f"({args.replicas} replica(s)); Ctrl-C stops", flush=True)

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -20,19 +21,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @contextlib.contextmanager
 def running(command: list[str], health_url: str, timeout_s: float = 180, env: dict | None = None, log_path=None,
-            cwd=None):
-    """Start `command` in a new session, wait until `health_url` answers 200, yield the process;
-    then SIGTERM, and after 20 s its whole process group is killed (a local Ray's processes too)."""
+            cwd=None, ready_text: str | None = None):
+    """Start `command` in a new session, wait until `health_url` answers 200 (and, with `ready_text`,
+    its output holds that text), yield the process; then SIGTERM, and after 20 s its whole process
+    group is killed (a local Ray's processes too)."""
     import httpx
 
-    log = open(log_path, "w+") if log_path else open(os.devnull, "w+")
+    log = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")
     process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                cwd=cwd, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(health_url, timeout=5).status_code == 200:
+                if httpx.get(health_url, timeout=5).status_code == 200 and (ready_text is None or _holds(log, ready_text)):
                     break
             if process.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
@@ -49,6 +51,14 @@ def running(command: list[str], health_url: str, timeout_s: float = 180, env: di
         log.close()
 
 
+def _holds(log, text: str) -> bool:
+    log.flush()
+    log.seek(0)
+    found = text in log.read()
+    log.seek(0, os.SEEK_END)
+    return found
+
+
 @contextlib.contextmanager
 def lmk_embed_server(checkpoint, *options: str, name: str = "model", host: str = "127.0.0.1", log_path=None,
                      env: dict | None = None):
@@ -56,6 +66,7 @@ def lmk_embed_server(checkpoint, *options: str, name: str = "model", host: str =
     port = free_port(host)
     command = [sys.executable, "-m", "lmk_embed_tools.cli", "serve", str(checkpoint), "--name", name,
                "--host", host, "--port", str(port), *options]
+    # /health answers once one replica is up; the command says "serving" once every replica is.
     with running(command, f"http://{host}:{port}/health", env={"RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
-                 log_path=log_path):
+                 log_path=log_path, ready_text=f" at http://{host}:{port}/v1 ("):
         yield f"http://{host}:{port}"

@@ -1,5 +1,6 @@
-"""`lmk-embed serve` with the tiny recurrent (Mamba2) checkpoint: the `openai` client and httpx
-against one running server with two replicas; one replica is killed during a burst."""
+"""`lmk-embed serve` with the tiny recurrent (Mamba2) checkpoint on a two-node local Ray cluster
+(`ray.cluster_utils.Cluster`, one CPU per node): the `openai` client and httpx against it, its two
+replicas on both nodes, and one replica killed during a burst."""
 
 import asyncio
 import os
@@ -18,10 +19,21 @@ TEXTS = ["The json module exposes an API.", "Compact encoding! " * 60, "x"]
 
 @pytest.fixture(scope="module")
 def server(mamba2_checkpoint, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve-log") / "serve.log"
-    # Two replicas of half a CPU each: the fault test kills one; 2 cores hold both.
-    with running_server(mamba2_checkpoint, "--replicas", "2", "--num-cpus", "0.5", log_path=log) as url:
-        yield url
+    from ray.cluster_utils import Cluster
+
+    # One proxy (on the head node) sends every request to the replica beside it unless told not to;
+    # the cluster's processes read this from the environment they are started in.
+    pytest.MonkeyPatch().setenv("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        log = tmp_path_factory.mktemp("serve-log") / "serve.log"
+        # Two replicas of one CPU each on two nodes of one CPU: Ray must place one on each.
+        with running_server(mamba2_checkpoint, "--replicas", "2", "--num-cpus", "1", "--address", cluster.address,
+                            log_path=log) as url:
+            yield url
+    finally:
+        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +86,19 @@ def test_landmarks_are_refused_for_a_recurrent_model(server):
 
 
 def replicas(server, wanted: int = 2, tries: int = 40) -> dict:
-    """{replica: pid} seen by /health (requests spread over the replicas)."""
+    """{replica: (pid, node)} seen by /health (requests spread over the replicas)."""
     seen = {}
     for _ in range(tries):
         health = httpx.get(f"{server}/health", timeout=30).json()
-        seen[health["replica"]] = health["pid"]
+        seen[health["replica"]] = (health["pid"], health["node"])
         if len(seen) >= wanted:
             break
     return seen
+
+
+def test_the_replicas_are_spread_over_both_nodes(server):
+    seen = replicas(server)
+    assert len(seen) == 2 and len({node for _, node in seen.values()}) == 2, seen
 
 
 def test_a_replica_killed_during_a_burst_is_restarted(server, model):
@@ -89,7 +106,7 @@ def test_a_replica_killed_during_a_burst_is_restarted(server, model):
     vector, and every request after the restart succeeds."""
     before = replicas(server)
     assert len(before) == 2
-    victim = next(iter(before.values()))
+    victim = next(iter(before.values()))[0]
     texts = [f"burst text {number} " * (1 + number % 7) for number in range(60)]
     expected = np.asarray(model.encode(texts, show_progress_bar=False))
 
@@ -110,10 +127,10 @@ def test_a_replica_killed_during_a_burst_is_restarted(server, model):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         after = replicas(server, tries=10)
-        if len(after) == 2 and victim not in after.values():
+        if len(after) == 2 and victim not in {pid for pid, _ in after.values()}:
             break
         time.sleep(1)
-    assert len(after) == 2 and victim not in after.values(), after
+    assert len(after) == 2 and victim not in {pid for pid, _ in after.values()}, after
     for number in range(0, 60, 6):
         response = post(server, {"model": "tiny", "input": texts[number]})
         assert response.status_code == 200
