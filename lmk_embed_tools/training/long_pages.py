@@ -107,6 +107,26 @@ def add_page_targets(rows: list[dict], teacher, query_tokens: int, content_token
                                           first_window_weight=first_window_weight, window=window, batch_size=batch_size)
 
 
+def long_page_rows(corpus: dict[str, list[DocItem]], teacher, *, rows: int, deep_share: float, passage_max_length: int,
+                   query_max_length: int, min_granularity: int, page_window: int, first_window_weight: float,
+                   min_depth: int = 300, seed: int = 0) -> list[dict]:
+    """The long-page recipe's training rows, shuffled with `seed`: (synopsis, page) pairs drawn evenly
+    from the training sources and, for up to a `deep_share` of `rows`, deep-sentence pairs; every page cut
+    to what the student reads at every g (`content_budget`) and every row given its page target
+    (`add_page_targets`: the base's windows of `page_window` tokens, the first weighted by
+    `first_window_weight`). Queries are cut to the landmark budget of `query_max_length` less one."""
+    from .recipe import docs_training_rows
+
+    content = content_budget(passage_max_length, min_granularity)
+    pairs = docs_training_rows(corpus, num_negatives=0, max_rows=rows - round(rows * deep_share), seed=seed)
+    deep = deep_sentence_rows(corpus, teacher.tokenizer, content, min_depth=min_depth, max_rows=rows - len(pairs),
+                              seed=seed)
+    mixed = pairs + deep  # fewer than `rows` when the sources hold fewer deep sentences
+    random.Random(seed).shuffle(mixed)
+    query_tokens = content_budget(query_max_length, min_granularity) - 1
+    return add_page_targets(mixed, teacher, query_tokens, content, page_window, first_window_weight)
+
+
 def special_template(tokenizer) -> tuple[list[int], list[int]]:
     """The ids a tokenizer puts before and after a text's content ([CLS] and [SEP] for BERT)."""
     content = tokenizer("a", add_special_tokens=False)["input_ids"]
