@@ -63,11 +63,13 @@ class EmbedderModule(InputModule):
     def max_seq_length(self, value: int | None) -> None:
         previous = self.model.config.max_length
         self.model.config.max_length = value
-        try:  # the model's own `resolve` checks it, as for every call (the position limit, the minimum)
+        try:  # the config's check (the minimum, under either schedule), then `resolve`'s (the position limit)
+            self.model.config.check()
             self.model.resolve()
         except (TypeError, ValueError) as error:
             self.model.config.max_length = previous
-            raise in_sentence_transformers_terms(error) from None
+            message = str(in_sentence_transformers_terms(error)).replace("`max_length`", "`max_seq_length`")
+            raise type(error)(message) from None
 
     def get_embedding_dimension(self) -> int:
         return int(self.model.config.embedding_dim)
