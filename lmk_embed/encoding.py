@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import warnings
 import weakref
@@ -76,6 +77,15 @@ def warn_truncated(count: int, total: int, max_length, stacklevel: int, detail: 
             UserWarning,
             stacklevel=stacklevel + 1,
         )
+
+
+def warn_non_finite(rows: list[int], total: int, stacklevel: int) -> None:
+    """The one warning of a call whose vectors hold NaN or inf: which texts (their positions in the call)."""
+    if rows:
+        shown = ", ".join(map(str, rows[:10])) + (", ..." if len(rows) > 10 else "")
+        warnings.warn(f"{len(rows)} of {total} texts gave vectors holding NaN or inf (texts {shown}): the model cannot "
+                      "read them (an overflow in half precision, or weights holding NaN); do not index those rows.",
+                      UserWarning, stacklevel=stacklevel + 1)
 
 
 def check_position_limit(name: str, max_length, limit: int | None) -> None:
@@ -201,26 +211,75 @@ def _encode_batch(backend, texts: list[str]):
         raise
 
 
+# Texts longer than this many characters are tokenized piece by piece (`encode_long_content`).
+_PIECE_CHARS = 1 << 16
+
+
+class ContentEncoding:
+    """A long text's content tokens, read piece by piece: `ids` [n] and `offsets` [n, 2] (int64
+    arrays, characters of the whole text), what `encode_content`'s callers read of an `Encoding`."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self.ids, self.offsets = ids, offsets
+
+
+def encode_long_content(backend, text: str, piece_chars: int = _PIECE_CHARS) -> ContentEncoding:
+    """`text`'s content tokens, equal to one pass over it, from pieces of about `piece_chars`
+    characters cut at safe places (`last_safe_cut`). The Rust pass holds several words of
+    alignment data per character and an `Encoding` a token string per token; pieces bound the first
+    and arrays replace the second, so memory stays a few int64 per token however long the text."""
+    ids, offsets, begin = [], [], 0
+    while begin < len(text):
+        end = begin + piece_chars
+        cut = 0 if end >= len(text) else last_safe_cut(text[begin:end])
+        while end < len(text) and cut == 0:  # no safe cut near the piece's end: read on
+            end += piece_chars
+            cut = 0 if end >= len(text) else last_safe_cut(text[begin:end])
+        stop = begin + cut if cut else len(text)
+        encoding = _encode_batch(backend, [text[begin:stop]])[0]
+        ids.append(np.asarray(encoding.ids, dtype=np.int64))
+        offsets.append(np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2) + begin)
+        begin = stop
+    if not ids:
+        return ContentEncoding(np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64))
+    return ContentEncoding(np.concatenate(ids), np.concatenate(offsets))
+
+
+def encode_in_pieces(backend, texts: list[str]) -> list:
+    """`_encode_batch`, with texts over `_PIECE_CHARS` characters read by `encode_long_content`."""
+    long = [i for i, text in enumerate(texts) if len(text) > _PIECE_CHARS]
+    if not long:
+        return _encode_batch(backend, texts)
+    short = [i for i, text in enumerate(texts) if len(text) <= _PIECE_CHARS]
+    encodings = [None] * len(texts)
+    for i, encoding in zip(short, _encode_batch(backend, [texts[i] for i in short]) if short else []):
+        encodings[i] = encoding
+    for i in long:
+        encodings[i] = encode_long_content(backend, texts[i])
+    return encodings
+
+
 def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
     """One Rust pass over `texts` without special tokens (literal "[SEP]", "</s>" stay plain text).
 
-    `tokenizer` is a fast tokenizer; returns its `tokenizers.Encoding`s, never truncated or padded.
-    With `max_tokens`, a very long text is tokenized from a prefix cut at a safe place that still
-    yields more than `max_tokens` tokens: its first tokens are the same, and the caller still sees
-    that the text exceeds the budget.
+    `tokenizer` is a fast tokenizer; returns its `tokenizers.Encoding`s, never truncated or padded
+    (a `ContentEncoding`, with the same `ids` and `offsets`, for a text over `_PIECE_CHARS`
+    characters). With `max_tokens`, a very long text is tokenized from a prefix cut at a safe place
+    that still yields more than `max_tokens` tokens: its first tokens are the same, and the caller
+    still sees that the text exceeds the budget.
     """
     backend = content_backend(tokenizer)
     if max_tokens is None:
-        return _encode_batch(backend, texts)
+        return encode_in_pieces(backend, texts)
     limit = _CHARS_PER_TOKEN_BOUND * (max_tokens + 1)
     prefixes = []
     for text in texts:
         cut = last_safe_cut(text[:limit]) if len(text) > limit else 0
         prefixes.append(text[:cut] if cut else text)
-    encodings = _encode_batch(backend, prefixes)
+    encodings = encode_in_pieces(backend, prefixes)
     for index, (text, prefix, encoding) in enumerate(zip(texts, prefixes, encodings)):
         if len(prefix) < len(text) and len(encoding.ids) <= max_tokens:  # rare: very long tokens
-            encodings[index] = backend.encode(text, add_special_tokens=False)
+            encodings[index] = encode_in_pieces(backend, [text])[0]
     return encodings
 
 
@@ -386,7 +445,14 @@ class EncoderMixin:
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """`PreTrainedModel.from_pretrained`, remembering where the weights came from: the lazily
         loaded tokenizer then comes from the same revision, cache, subfolder and token."""
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        except pickle.UnpicklingError as error:  # torch's weights_only refusal: many lines advising unsafe loading
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+            raise pickle.UnpicklingError(
+                f"{pretrained_model_name_or_path}: its pickled weights hold objects other than tensors"
+                f"{f' ({found.group(1)})' if found else ''}, which are never unpickled (that would run their code); "
+                "load a checkpoint whose weights are safetensors (model.safetensors).") from None
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True
         model._tokenizer_loading_kwargs = {
             name: kwargs[name] for name in TOKENIZER_LOADING_KWARGS if kwargs.get(name) is not None
@@ -536,6 +602,8 @@ class EncoderMixin:
                 progress.close()
 
         warn_truncated(num_truncated, len(items), request.max_length, stacklevel=3)
+        vectors = (result if output_value == "embedding" else result[0] for result in results)
+        warn_non_finite([i for i, v in enumerate(vectors) if not bool(torch.isfinite(v).all())], len(items), stacklevel=3)
 
         if output_value == "embedding":
             embeddings = torch.cat(results)

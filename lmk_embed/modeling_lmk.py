@@ -278,12 +278,43 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
     ) -> LMKOutput:
         """input_ids / attention_mask / landmark_mask: [B, T] -> LMKOutput(embeddings [B, D]).
 
-        With `window_document` [R] (rows are windows of documents, `long_input="windows"`), the
-        embeddings are per document, [documents, D], and `last_hidden_state` stays per row."""
-        embeddings, hidden_states = self.embed_rows(input_ids, attention_mask, landmark_mask, inputs_embeds, **kwargs)
+        With `window_document` [R] (rows are windows of documents, `long_input="windows"`), the rows
+        run in bounded groups (`embed_windows`, as in `encode()`), the embeddings are per document,
+        [documents, D], and there is no `last_hidden_state` (every window's states at once is what
+        the groups avoid holding)."""
         if window_document is not None:
-            embeddings = combine_windows(embeddings, landmark_mask, window_document)
+            if inputs_embeds is not None:
+                raise ValueError("`window_document` takes `input_ids` (windows are cut from token ids), not `inputs_embeds`.")
+            features = {"input_ids": input_ids, "attention_mask": attention_mask, "landmark_mask": landmark_mask,
+                        "window_document": window_document, **kwargs}
+            embeddings, _ = self.embed_windows(features, int(window_document.max()) + 1 if len(window_document) else 0)
+            return LMKOutput(embeddings=embeddings)
+        embeddings, hidden_states = self.embed_rows(input_ids, attention_mask, landmark_mask, inputs_embeds, **kwargs)
         return LMKOutput(embeddings=embeddings, last_hidden_state=hidden_states)
+
+    def embed_windows(self, features: dict, num_texts: int, with_states: bool = False):
+        """The `windows` schedule's one loop, for `encode()` and `forward(window_document=...)` (the
+        sentence-transformers module) alike: the rows of `features` ([R, T] tensors and
+        `window_document` [R]) run in groups of `max(num_texts, WINDOWS_PER_FORWARD)`, each trimmed to
+        its longest row, so a forward holds one group's activations however long the document.
+
+        -> (per text [num_texts, D], the mean of its windows' landmark states; with `with_states`, per
+        row its landmark states [n_r, D], else None)."""
+        rows = features["input_ids"].shape[0]
+        step = max(num_texts, WINDOWS_PER_FORWARD)
+        names = [name for name in ("input_ids", "attention_mask", "landmark_mask", "position_ids") if name in features]
+        pooled, states = [], [] if with_states else None
+        for start in range(0, rows, step):
+            part = slice(start, start + step)
+            width = int(features["attention_mask"][part].sum(-1).max())
+            inputs = {name: features[name][part, :width] for name in names}
+            embeddings, hidden_states = self.embed_rows(**inputs)
+            pooled.append(embeddings)
+            if with_states:
+                mask = inputs["landmark_mask"].bool()
+                states += [hidden_states[row][mask[row]] for row in range(mask.shape[0])]
+            del hidden_states  # the next group reuses its memory
+        return combine_windows(torch.cat(pooled), features["landmark_mask"], features["window_document"]), states
 
     def embed_rows(self, input_ids=None, attention_mask=None, landmark_mask=None, inputs_embeds=None,
                    **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -338,7 +369,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         pass at the trainer's budget. `one-pass`: `max_length` defaults to `default_max_length()` and must
         fit the position table. `windows`: `max_length` (default `config.max_length`, None: the whole
         text) is the document's budget and W (`window_length`, default `config.window_length`, else
-        `original_positions()`) must fit the table and hold a chunk.
+        `original_positions()`) must fit the table (and hold a chunk, for the texts cut into windows);
+        one pass refuses a `window_length`.
         """
         config = self.config
         check_choice("output_value", output_value, self.output_values)
@@ -369,13 +401,14 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             if window_length is None:
                 raise ValueError("`long_input='windows'` needs `window_length`: the backbone reports no position limit.")
             check_positive_int(name, window_length)
-            smallest = granularity + 1 + int(self.tokenizer.start_token_id is not None)
-            if window_length < smallest:
-                raise ValueError(f"`{name}`={window_length} must hold one chunk of g={granularity} tokens with its "
-                                 f"landmark and the start token (at least {smallest}).")
+            # A W that cannot hold one chunk of g is refused by `cut_windows` for the texts it must cut:
+            # a text that fits one window is read whatever g.
             check_position_limit(name, window_length, self.max_positions())
             max_length = config.max_length if max_length is None else max_length
         else:
+            if window_length is not None:  # read by windows only: refused rather than silently ignored
+                raise ValueError(f"`window_length` is the window of long_input='windows', but this call reads in one "
+                                 f"pass (long_input='one-pass'): pass long_input='windows' or leave window_length out.")
             name = "max_length" if max_length is not None else "config.max_length"
             max_length = self.default_max_length() if max_length is None else max_length
             check_position_limit(name, max_length, self.max_positions())
@@ -467,35 +500,26 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
 
     def _embed_texts(self, texts: list[str], request: LMKRequest):
         """One batch -> (embeddings [b, D], or per text (landmark states [n_i, D], spans); truncated count).
-        Windows run in groups of `max(len(texts), WINDOWS_PER_FORWARD)` rows, each trimmed to its longest
-        row: one long document's windows share forwards, as a batch of short texts would."""
+        Texts cut into windows run through `embed_windows`; a batch without windows is one forward."""
         batch = self.tokenize(texts, request)
         features = batch.tensors(self.device)
         with_spans = request.output_value == "landmarks"
-        rows = features["input_ids"].shape[0]
-        step = rows if batch.window_document is None else max(len(texts), WINDOWS_PER_FORWARD)
-        pooled, states = [], []
-        for start in range(0, rows, step):
-            part = slice(start, start + step)
-            width = int(features["attention_mask"][part].sum(-1).max())
-            inputs = {name: features[name][part, :width] for name in ("input_ids", "attention_mask", "landmark_mask")}
-            output = self(**inputs)
-            pooled.append(output.embeddings)
-            if with_spans:
-                mask = inputs["landmark_mask"].bool()
-                states += [output.last_hidden_state[row][mask[row]] for row in range(mask.shape[0])]
         truncated = int(batch.truncated.sum())
-        if batch.window_document is None:
+        if batch.window_document is not None:
+            embeddings, states = self.embed_windows(features, len(texts), with_states=with_spans)
             if not with_spans:
-                return pooled[0], truncated
-            return list(zip(states, batch.spans)), truncated
-        document = features["window_document"]
+                return embeddings, truncated
+            per_text = [[] for _ in texts]
+            for row, text in enumerate(batch.window_document.tolist()):
+                per_text[text].append(states[row])
+            return [(torch.cat(parts), spans) for parts, spans in zip(per_text, batch.spans)], truncated
+        output = self(input_ids=features["input_ids"], attention_mask=features["attention_mask"],
+                      landmark_mask=features["landmark_mask"])
         if not with_spans:
-            return combine_windows(torch.cat(pooled), features["landmark_mask"], document), truncated
-        per_text = [[] for _ in texts]
-        for row, text in enumerate(document.tolist()):
-            per_text[text].append(states[row])
-        return [(torch.cat(parts), spans) for parts, spans in zip(per_text, batch.spans)], truncated
+            return output.embeddings, truncated
+        mask = features["landmark_mask"].bool()
+        states = [output.last_hidden_state[row][mask[row]] for row in range(mask.shape[0])]
+        return list(zip(states, batch.spans)), truncated
 
 
 class LMKOnnxModel(LMKModel):

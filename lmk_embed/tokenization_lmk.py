@@ -110,7 +110,8 @@ def cut_windows(batch: LandmarkBatch, window_length: int, has_start: bool, pad_i
         chunk_ends = np.flatnonzero(mask[start:]) + start + 1  # exclusive end of each chunk, after its landmark
         begin = start
         while begin < length:
-            stop = chunk_ends[np.searchsorted(chunk_ends, begin + window_length - start, side="right") - 1]
+            last = np.searchsorted(chunk_ends, begin + window_length - start, side="right") - 1
+            stop = chunk_ends[last] if last >= 0 else begin  # none fits: never wrap round to the text's end
             if stop <= begin:
                 raise ValueError(f"`window_length`={window_length} cannot hold one chunk of g={batch.granularity} "
                                  f"tokens with its landmark{' and the start token' if start else ''}.")
@@ -208,16 +209,15 @@ def _segment(encodings, texts: list[str], g: int, splitter: str, need_offsets: b
     num_texts = len(encodings)
     lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=num_texts)
     total = int(lengths.sum())
-    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
+    ids = np.concatenate([np.zeros(0, dtype=np.int64), *(np.asarray(e.ids, dtype=np.int64) for e in encodings)])
     text_of = np.repeat(np.arange(num_texts), lengths)
     text_start = np.cumsum(lengths) - lengths
     index = np.arange(total)
     pos = index - text_start[text_of]
     offsets = None
     if need_offsets:
-        offsets = np.fromiter(
-            chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), dtype=np.int64, count=2 * total
-        ).reshape(total, 2)
+        offsets = np.concatenate([np.zeros((0, 2), dtype=np.int64),
+                                  *(np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2) for e in encodings)])
     if splitter == "sentence":
         span = max((len(t) for t in texts), default=0) + 1
         ends = np.fromiter(

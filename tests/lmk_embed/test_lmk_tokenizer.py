@@ -206,6 +206,24 @@ def test_long_texts_are_cut_before_tokenizing_without_changing_tokens(tokenizer,
     assert int(batch.attention_mask[0].sum()) == 300 and batch.truncated[0]
 
 
+def test_a_long_text_is_tokenized_in_pieces_as_in_one_pass(tokenizer):
+    """Past `_PIECE_CHARS` a text is read in pieces cut at safe places (the Rust pass holds words per
+    character): the same ids and offsets as one pass, a run without a safe cut included, and the
+    layout of a text over the threshold built from them."""
+    from lmk_embed.encoding import _PIECE_CHARS, content_backend, encode_content, encode_long_content
+
+    backend = content_backend(tokenizer)
+    text = " ".join(stdlib_texts(40)) * 3 + " " + "y" * 9000 + "\n\n tail [SEP] end "
+    whole = backend.encode(text, add_special_tokens=False)
+    for piece_chars in (1000, 4096, 1 << 16):
+        pieced = encode_long_content(backend, text, piece_chars)
+        assert pieced.ids.tolist() == whole.ids and pieced.offsets.tolist() == [list(o) for o in whole.offsets]
+    assert len(text) > _PIECE_CHARS and isinstance(encode_content(tokenizer, [text])[0].ids, np.ndarray)
+    batch = tokenizer.build_layout([text, "short"], granularity=16, max_length=None, with_spans=True)
+    ids, _ = reference_layout(whole.ids, 16, None)
+    assert batch.input_ids[0].tolist() == ids and batch.spans[0][-1][1] == len(text.rstrip())
+
+
 def test_checkpoint_tokenizer_holds_exactly_the_backbone_vocabulary(minilm_lmk_checkpoint, minilm_path, bert):
     """No option of ours becomes a special token: a checkpoint converted with the default landmark
     ("sep") must not split "separate" as `sep ara ##te` for tools that read tokenizer.json as is."""

@@ -94,8 +94,8 @@ def test_windows_read_past_the_position_table_without_truncating(model, long_tex
 
 
 def test_bad_window_options_are_named(model):
-    with pytest.raises(ValueError, match="`window_length`=20 must hold one chunk of g=32"):
-        model.encode("x", long_input="windows", window_length=20)
+    with pytest.raises(ValueError, match="`window_length`=20 cannot hold one chunk of g=32"):
+        model.encode(helpers.SAMPLE_TEXT, long_input="windows", window_length=20)  # "x" fits: it is read
     with pytest.raises(ValueError, match="`window_length`=600 exceeds the backbone's limit of 512"):
         model.encode("x", long_input="windows", window_length=600)
     with pytest.raises(ValueError, match="Unknown `long_input` 'pages'"):
@@ -150,3 +150,36 @@ def test_windows_need_landmark_pooling(minilm_path, tmp_path):
     cls = LMKModel.from_pretrained(convert_to_lmk(minilm_path, tmp_path / "cls", pooling="cls")).eval()
     with pytest.raises(ValueError, match="needs pooling='lmk', not 'cls'"):
         cls.encode("x", long_input="windows")
+
+
+def backbone_batches(model) -> list[int]:
+    """The rows of every backbone forward from now on (a forward hook on `model.backbone`)."""
+    rows = []
+    model.backbone.register_forward_hook(lambda module, args, kwargs, output: rows.append(kwargs["input_ids"].shape[0]),
+                                         with_kwargs=True)
+    return rows
+
+
+def test_sentence_transformers_and_encode_run_windows_one_way(minilm_lmk_checkpoint, tmp_path, long_text):
+    """The sentence-transformers module and `encode()` share `embed_windows`: the same vectors to the last
+    digit on a multi-window text, from the same bounded groups of windows (never every window at once)."""
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed.modeling_lmk import WINDOWS_PER_FORWARD
+
+    folder = shutil.copytree(minilm_lmk_checkpoint, tmp_path / "windows")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(long_input="windows", window_length=WINDOW)
+    (folder / "config.json").write_text(json.dumps(config))
+    auto = LMKModel.from_pretrained(folder).eval()
+    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    texts = [long_text, helpers.SAMPLE_TEXT]
+    auto_rows, st_rows = backbone_batches(auto), backbone_batches(st[0].model)
+    expected = auto.encode(texts)
+    np.testing.assert_array_equal(st.encode(texts), expected)
+    windows = len(auto.tokenize(texts, auto.resolve()).window_document)
+    assert windows > 2 * WINDOWS_PER_FORWARD
+    assert auto_rows == st_rows and sum(auto_rows) == windows and max(auto_rows) == WINDOWS_PER_FORWARD
+    auto_rows.clear()
+    auto.encode([long_text[:1200]] * 20, batch_size=20)  # more texts than WINDOWS_PER_FORWARD: a group per text
+    assert max(auto_rows) == 20 and sum(auto_rows) > 20
