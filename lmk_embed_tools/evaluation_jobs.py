@@ -26,8 +26,10 @@ def add_evaluate_command(subparsers) -> None:
                         help="passkey, needle, stdlib, deep:scientific / deep:symbolic (a method's summary as the query "
                              "for its class page, 600-3800 tokens deep; deep:systems, the validation source, is for "
                              "choosing settings), genre:readme / genre:book (held-out long pages of other genres: "
-                             "installed packages' READMEs, the Rust books; a sentence 600-3800 tokens deep as the "
-                             "query), genre:readme-subject / genre:book-subject (their summary or title as the query), "
+                             "installed packages' READMEs, the Rust books), genre:notes / genre:nodeapi (Git's release "
+                             "notes, the Node.js API reference; a sentence 600-3800 tokens deep as the query), "
+                             "genre:readme-subject / genre:book-subject / genre:nodeapi-subject (their summary or "
+                             "title as the query; notes have none), "
                              "a BEIR folder (queries.jsonl, corpus.jsonl, qrels/test.tsv), or mteb:NAME")
     parser.add_argument("--corpus-cache", default="runs/corpora", help="deep:*: where the documentation corpora are cached")
     parser.add_argument("--max-lengths", type=positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
@@ -111,18 +113,21 @@ def stdlib_pages():
 
 def genre_split(task: str, args: argparse.Namespace, count_tokens, pages: dict):
     """The split of a genre:GENRE or genre:GENRE-subject task; `pages` keeps each genre's pages for the next task."""
-    from lmk_embed_tools.evaluation.genres import GENRES, deep_evidence_task, genre_pages, subject_task
+    from lmk_embed_tools.evaluation.genres import GENRES, WITHOUT_SUBJECTS, deep_evidence_task, genre_pages, subject_task
     from lmk_embed_tools.training.corpora import RESERVED_DIRS, source_distributions
 
     genre, subject = task[len("genre:"):].removesuffix("-subject"), task.endswith("-subject")
     if genre not in GENRES:
         raise UsageError(f"--task {task!r}: the genres are {[f'genre:{g}' for g in GENRES]}, each also as genre:NAME-subject")
+    if subject and genre in WITHOUT_SUBJECTS:
+        raise UsageError(f"--task {task}: genre {genre!r} has no natural queries (its titles are version numbers); "
+                         f"use genre:{genre}")
     if not subject and count_tokens is None:
         raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count depths")
     if genre not in pages:
         try:  # never a page of a package a corpus source reads, nor one under the man pages
             pages[genre] = genre_pages(genre, excluded=source_distributions(), reserved_dirs=RESERVED_DIRS)
-        except ValueError as error:  # the toolchain's books are not installed
+        except ValueError as error:  # the toolchain's books, Git's notes or Node's docs are not installed
             raise UsageError(str(error)) from None
     if subject:
         data = subject_task(genre, pages[genre], max_queries=args.queries, max_documents=args.documents, seed=args.seed)

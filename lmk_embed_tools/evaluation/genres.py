@@ -4,6 +4,8 @@ machine has installed: a check that a choice made on one genre survives another.
     readme   the long descriptions (README) in the METADATA of installed distributions, less every
              distribution a corpus source reads (the caller passes them) and this project
     book     the chapters of the Rust documentation books installed with the toolchain (mdBook HTML)
+    notes    Git's release notes (`GIT_NOTES_ROOT`), one page per release; they have no natural query
+    nodeapi  the Node.js API reference (`NODE_API_ROOT`, markdown), one page per module
 
 A page is kept at `MIN_PAGE_WORDS` words or more. Each genre gives two tasks, both `RetrievalData`:
 
@@ -18,6 +20,7 @@ installed set. The callers pass the reserved folders (the man pages): nothing un
 
 from __future__ import annotations
 
+import gzip
 import html
 import os
 import random
@@ -29,7 +32,10 @@ from pathlib import Path
 
 from .longcontext import RetrievalData
 
-GENRES = ("readme", "book")
+GENRES = ("readme", "book", "notes", "nodeapi")
+WITHOUT_SUBJECTS = ("notes",)  # a release's title is its version number: no natural query
+GIT_NOTES_ROOT = Path("/usr/share/doc/git/RelNotes")
+NODE_API_ROOT = Path("/usr/share/doc/nodejs/api")
 MIN_PAGE_WORDS = 1200
 # A sentence worth asking about: 8-60 words, mostly letters (not code, a table or a command line).
 SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
@@ -65,6 +71,11 @@ def is_under(path, folders) -> bool:
 
 def _word_count(text: str) -> int:
     return len(text.split())
+
+
+def _is_generic(title: str) -> bool:
+    """A title that names no subject (`GENERIC_TITLES`, less a leading number or "Appendix B:")."""
+    return re.sub(r"^[\d.\s]+|appendix [a-z]\W*", "", title.lower()).strip(" :") in GENERIC_TITLES
 
 
 def _unique(pages: list[GenrePage], found_elsewhere: bool) -> list[GenrePage]:
@@ -255,18 +266,127 @@ def book_pages(root=None, reserved_dirs=(), min_words: int = MIN_PAGE_WORDS) -> 
             if _word_count(text) < min_words or key in seen_texts:
                 continue
             seen_texts.add(key)
-            generic = re.sub(r"^[\d.\s]+|appendix [a-z]\W*", "", title.lower()).strip(" :") in GENERIC_TITLES
             name = f"{book.name}/{path.relative_to(book).with_suffix('').as_posix()}"
-            pages.append(GenrePage(name, "" if generic else title, text))
+            pages.append(GenrePage(name, "" if _is_generic(title) else title, text))
     return _unique(sorted(pages, key=lambda page: page.name), found_elsewhere=False)
 
 
+# ---- notes and nodeapi: plain-text and markdown files under a system folder -------------------------
+
+
+def _source_files(genre: str, root: Path, suffix: str, reserved_dirs=()) -> list[Path]:
+    """The files NAME`suffix` (or NAME`suffix`.gz, the plain one first) directly under `root`, one per
+    NAME, sorted; a ValueError naming `root` when it is missing, empty or under a reserved folder."""
+    if reserved_dirs and is_under(root, reserved_dirs):
+        raise ValueError(f"genre {genre!r}: {str(root)!r} lies in a reserved folder (the man pages are never read)")
+    files: dict[str, Path] = {}
+    if root.is_dir():
+        for path in sorted(root.iterdir(), key=lambda p: p.name.endswith(".gz")):
+            stem = path.name.removesuffix(".gz")
+            if stem.endswith(suffix) and path.is_file() and not is_under(path, reserved_dirs):
+                files.setdefault(stem.removesuffix(suffix), path)
+    if not files:
+        raise ValueError(f"genre {genre!r}: no *{suffix} files under {str(root)!r} (is the package's documentation installed?)")
+    return [files[name] for name in sorted(files)]
+
+
+def _read(path: Path) -> str:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as file:
+        return file.read()
+
+
+def _paragraphs(lines: list[str]) -> str:
+    """`lines` with each paragraph (lines up to a blank one) joined into one line, paragraphs apart."""
+    text = "\n".join(re.sub(r"[ \t]+", " ", line).strip() for line in lines)
+    return "\n\n".join(" ".join(p.split("\n")) for p in re.split(r"\n\s*\n", text) if p.strip())
+
+
+UNDERLINE = re.compile(r"^\s*([=\-~^])\1{2,}\s*$")
+BULLET = re.compile(r"^\s*[*\-+o]\s+")
+MERGE_NOTE = re.compile(r"\(\s*merge [0-9a-f]{6,}[^)]*\)\.?")
+
+
+def notes_text(raw: str) -> str:
+    """Release notes as plain paragraphs: the title (the line above the first underline) and the
+    underlines dropped, each bullet its own paragraph without its marker, wrapped lines joined, the
+    "(merge abc1234 topic later to maint)." notes dropped."""
+    lines = raw.splitlines()
+    first = next((i for i, line in enumerate(lines) if UNDERLINE.match(line)), None)
+    if first is not None and first <= 2:
+        lines = lines[first + 1:]
+    kept = []
+    for line in lines:
+        if UNDERLINE.match(line):
+            continue
+        if BULLET.match(line):
+            kept += ["", BULLET.sub("", line)]
+        else:
+            kept.append(line)
+    return re.sub(r" {2,}", " ", MERGE_NOTE.sub(" ", _paragraphs(kept)))
+
+
+def notes_pages(root=None, reserved_dirs=(), min_words: int = MIN_PAGE_WORDS) -> list[GenrePage]:
+    """One page per release notes file (VERSION.txt or .txt.gz) under `root` (default `GIT_NOTES_ROOT`)
+    that reads as `min_words` words or more, named by its version, sorted; no subject."""
+    root = GIT_NOTES_ROOT if root is None else Path(root)
+    pages, seen_texts = [], set()
+    for path in _source_files("notes", root, ".txt", reserved_dirs):
+        text = notes_text(_read(path))
+        key = re.sub(r"\s+", " ", text).lower()
+        if _word_count(text) >= min_words and key not in seen_texts:
+            seen_texts.add(key)
+            pages.append(GenrePage(path.name.removesuffix(".gz").removesuffix(".txt"), "", text))
+    return pages
+
+
+CODE_FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.M | re.S)
+H1 = re.compile(r"^# +(.+?)\s*#*\s*$", re.M)
+NODE_SKIPPED = {"all", "index"}  # every page in one, and the table of contents
+
+
+def nodeapi_text(markdown: str) -> tuple[str, str]:
+    """(title, text) of a Node.js API page: its first H1 as the title, out of the text; code fences and
+    HTML comments dropped, links as their text (`readme_text`), inline code marks and heading marks
+    dropped, wrapped lines joined into paragraphs."""
+    text = CODE_FENCE.sub("\n", markdown)
+    heading = H1.search(text)
+    title = ""
+    if heading is not None:
+        title, text = heading.group(1).strip(), text[:heading.start()] + text[heading.end():]
+    text = readme_text(text).replace("`", "")
+    lines = [re.sub(r"^(#+|>)\s*", "", line) for line in text.splitlines()]
+    return re.sub(r"\s+", " ", title.replace("`", "")).strip(), _paragraphs(lines)
+
+
+def nodeapi_pages(root=None, reserved_dirs=(), min_words: int = MIN_PAGE_WORDS) -> list[GenrePage]:
+    """One page per module page (NAME.md or .md.gz) under `root` (default `NODE_API_ROOT`), less `all`
+    and `index`, that reads as `min_words` words or more, named by NAME, sorted. The subject is its H1
+    title, kept unless generic (`GENERIC_TITLES`) or shared by two pages (as a book's chapter titles)."""
+    root = NODE_API_ROOT if root is None else Path(root)
+    pages, seen_texts = [], set()
+    for path in _source_files("nodeapi", root, ".md", reserved_dirs):
+        name = path.name.removesuffix(".gz").removesuffix(".md")
+        if name in NODE_SKIPPED:
+            continue
+        title, text = nodeapi_text(_read(path))
+        key = re.sub(r"\s+", " ", text).lower()
+        if _word_count(text) >= min_words and key not in seen_texts:
+            seen_texts.add(key)
+            pages.append(GenrePage(name, "" if _is_generic(title) else title, text))
+    return _unique(pages, found_elsewhere=False)
+
+
 def genre_pages(genre: str, *, excluded=(), reserved_dirs=(), distributions=None, root=None) -> list[GenrePage]:
-    """`readme_pages` or `book_pages` by genre name."""
+    """`readme_pages`, `book_pages`, `notes_pages` or `nodeapi_pages` by genre name."""
     if genre == "readme":
         return readme_pages(distributions, excluded=excluded, reserved_dirs=reserved_dirs)
     if genre == "book":
         return book_pages(root, reserved_dirs=reserved_dirs)
+    if genre == "notes":
+        return notes_pages(root, reserved_dirs=reserved_dirs)
+    if genre == "nodeapi":
+        return nodeapi_pages(root, reserved_dirs=reserved_dirs)
     raise ValueError(f"Unknown genre {genre!r}; expected one of {list(GENRES)}")
 
 
