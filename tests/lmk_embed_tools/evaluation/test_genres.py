@@ -198,7 +198,7 @@ def test_deep_evidence_queries_come_from_the_second_half_and_leave_their_page(so
     data = deep_evidence_task(source, pages, count_words, min_depth=600, max_depth=3800, max_queries=3, max_documents=5)
     again = deep_evidence_task(source, pages, count_words, min_depth=600, max_depth=3800, max_queries=3, max_documents=5)
     assert data == again and data.name == f"{source} deep evidence"
-    assert len(data.queries) == 3 and len(data.documents) == 5
+    assert len(data.queries) == 3 and len(data.documents) == min(5, len(pages))
     originals = {p.name: p.text for p in pages}
     flat = {name: " ".join(text.split()) for name, text in originals.items()}
     for query_id, query in data.queries.items():
@@ -265,3 +265,107 @@ def test_genre_tasks_on_the_command_line(monkeypatch):
     jobs = evaluation_jobs.task_jobs(args, None)
     assert [(name, length) for name, length, _ in jobs] == [("readme subject", 256), ("readme subject", 512)]
     assert jobs[0][2] is jobs[1][2] and 0 < len(jobs[0][2].queries) <= 5
+
+
+# ---- notes and nodeapi: files under a system folder ---------------------------------------------------
+
+
+def bullets(seed: str, sentences: int) -> str:
+    """`prose` as release notes: each paragraph a bullet, wrapped with a hanging indent, then a merge note."""
+    return "\n\n".join(" * " + "\n   ".join(paragraph.splitlines()) + "\n   (merge 1a2b3c4d xx/topic later to maint)."
+                       for paragraph in prose(seed, sentences).split("\n\n"))
+
+
+@pytest.fixture
+def notes_root(tmp_path):
+    """Three long releases (one gzipped), a short one."""
+    import gzip
+
+    root = tmp_path / "RelNotes"
+    root.mkdir()
+    for version in ("2.1.0", "2.3.0"):
+        (root / f"{version}.txt").write_text(f"Git {version} Release Notes\n=====\n\nUpdates since\n-----\n\n{bullets(version, 160)}\n")
+    with gzip.open(root / "2.2.0.txt.gz", "wt") as file:
+        file.write(f"Git v2.2.0 Release Notes\n========\n\n{bullets('2.2.0', 160)}\n")
+    (root / "2.0.1.txt").write_text(f"Git 2.0.1\n====\n\n{bullets('2.0.1', 20)}\n")
+    return root
+
+
+@pytest.fixture
+def node_root(tmp_path):
+    """Markdown module pages (one gzipped), `all` and `index`, a generic title and a shared one."""
+    import gzip
+
+    root = tmp_path / "api"
+    root.mkdir()
+
+    def page(title, seed):
+        return (f"# {title}\n\n<!--introduced_in=v0.10.0-->\n\n> Stability: 2 - Stable\n\nSee [the guide](https://x.example/{seed}) "
+                f"first.\n\n```js\nconst secret = require('code{seed}');\n```\n\n## Methods\n\n{prose(seed, 160)}\n")
+
+    for name, title in (("fs", "File system"), ("net", "Net"), ("cluster", "Modules"), ("module", "Modules"),
+                        ("documentation", "About"), ("all", "All"), ("index", "Index")):
+        (root / f"{name}.md").write_text(page(title, name))
+    with gzip.open(root / "http.md.gz", "wt") as file:
+        file.write(page("HTTP", "http"))
+    (root / "tiny.md").write_text(page("Tiny", "tiny").replace(prose("tiny", 160), prose("tiny", 10)))
+    return root
+
+
+def test_notes_pages_read_plain_and_gzipped_files_cleaned(notes_root):
+    pages = genres.notes_pages(notes_root)
+    assert [p.name for p in pages] == ["2.1.0", "2.2.0", "2.3.0"] and not any(p.subject for p in pages)
+    text = pages[1].text
+    assert "Release Notes" not in text and "===" not in text and "---" not in text and " * " not in text
+    assert "merge" not in text and "\n" not in text.replace("\n\n", "")  # a bullet is one line, its own paragraph
+    assert pages == genres.notes_pages(notes_root) == genres.genre_pages("notes", root=notes_root)
+
+
+def test_nodeapi_pages_drop_code_links_and_comments(node_root):
+    pages = genres.nodeapi_pages(node_root)
+    assert [p.name for p in pages] == ["cluster", "documentation", "fs", "http", "module", "net"]  # no all, index, tiny
+    subjects = {p.name: p.subject for p in pages}
+    assert subjects == {"cluster": "", "documentation": "", "fs": "File system", "http": "HTTP", "module": "", "net": "Net"}
+    fs = pages[2].text
+    assert "File system" not in fs and "secret" not in fs and "https://" not in fs and "introduced_in" not in fs
+    assert "See the guide first." in fs and "Methods" in fs and "#" not in fs
+    assert pages == genres.genre_pages("nodeapi", root=node_root)
+
+
+@pytest.mark.parametrize("genre", ["notes", "nodeapi"])
+def test_notes_and_nodeapi_deep_queries_leave_their_page_from_its_second_half(genre, notes_root, node_root):
+    pages = genres.genre_pages(genre, root=notes_root if genre == "notes" else node_root)
+    data = deep_evidence_task(genre, pages, count_words, max_queries=3, max_documents=5)
+    assert data == deep_evidence_task(genre, pages, count_words, max_queries=3, max_documents=5)
+    assert len(data.queries) == 3 and len(data.documents) == min(5, len(pages))
+    for name, query in data.queries.items():
+        text = next(p.text for p in pages if p.name == name)
+        assert query not in " ".join(data.documents[name].split())
+        assert 600 <= words_before(text, query.split()[-1]) and text.index(query.split()[-1]) >= len(text) / 2
+
+
+def test_missing_notes_or_node_folder_names_it(tmp_path, monkeypatch):
+    from lmk_embed_tools import evaluation_jobs
+
+    for genre in ("notes", "nodeapi"):
+        with pytest.raises(ValueError, match=re.escape(str(tmp_path / "none"))):
+            genres.genre_pages(genre, root=tmp_path / "none")
+    monkeypatch.setattr(genres, "NODE_API_ROOT", tmp_path / "none")
+    args = argparse.Namespace(task=["genre:nodeapi-subject"], max_lengths=[512], queries=5, documents=10, seed=0)
+    with pytest.raises(UsageError, match=f"genre 'nodeapi': no \\*.md files under '{re.escape(str(tmp_path / 'none'))}'"):
+        evaluation_jobs.task_jobs(args, None)
+    args.task = ["genre:notes-subject"]
+    with pytest.raises(UsageError, match="no natural queries"):
+        evaluation_jobs.task_jobs(args, None)
+
+
+def test_notes_and_nodeapi_never_read_reserved_folders(notes_root, node_root, monkeypatch):
+    read = []
+    real_read = genres._read
+    monkeypatch.setattr(genres, "_read", lambda path: read.append(path) or real_read(path))
+    reserved = (str(notes_root / "2.2.0.txt.gz"), "/usr/share/man")
+    assert [p.name for p in genres.notes_pages(notes_root, reserved_dirs=reserved)] == ["2.1.0", "2.3.0"]
+    for genre, root in (("notes", notes_root), ("nodeapi", node_root), ("nodeapi", "/usr/share/man")):
+        with pytest.raises(ValueError, match="reserved"):
+            genres.genre_pages(genre, root=root, reserved_dirs=(str(root),))
+    assert read and not [p for p in read if genres.is_under(p, reserved)]
