@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
               "window_teacher": minilm_path()}
     config = TrainConfig(model=str(base), output_dir=str(out / "run"), train_data=str(rows_file), eval_data="none",
                          max_steps=args.steps, save_steps=100_000, logging_steps=10, seed=0, **fields)
-    final = train(config)["final_dir"]
+    final = Path(config.output_dir) / "final"
+    if not (final / "config.json").is_file():  # a finished run is kept: only its scores are made again
+        final = train(config)["final_dir"]
     budget = BUDGETS["demo"]
     splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
     rows = evaluate_table({"trained LMK, long-page recipe": (load_checkpoint(final), [512])}, splits, per_query=True)
