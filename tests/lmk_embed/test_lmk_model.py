@@ -284,5 +284,8 @@ def test_a_subclass_without_torch_weights_keeps_the_shared_state(lmk_model):
         with torch.no_grad():
             ours, theirs = bare(**features), lmk_model(**features)
         assert torch.equal(ours.embeddings, theirs.embeddings) and len(ours.embeddings) == len(TEXTS)
-        assert torch.equal(ours.last_hidden_state, theirs.last_hidden_state)
+        if options:  # windows run in bounded groups: no state of every window is kept
+            assert ours.last_hidden_state is None and theirs.last_hidden_state is None
+        else:
+            assert torch.equal(ours.last_hidden_state, theirs.last_hidden_state)
     assert issubclass(LMKOnnxModel, LMKModel) and "__init__" in vars(LMKOnnxModel)

@@ -447,7 +447,7 @@ def test_long_texts_are_tokenized_piecewise_with_the_same_ids(model, monkeypatch
 
     tokenizer = model.tokenizer
     text = "\n\n".join(stdlib_texts(40)) + "<|endoftext|>"
-    expected = encode_content(tokenizer, [text[: -len("<|endoftext|>")]])[0].ids
+    expected = np.asarray(encode_content(tokenizer, [text[: -len("<|endoftext|>")]])[0].ids).tolist()
     monkeypatch.setattr(module, "LONG_TEXT_CHARS", 300)
     monkeypatch.setattr(module, "STREAM_MIN_CHARS", 100)
     batch = tokenizer.build_batch([text, "short"])
