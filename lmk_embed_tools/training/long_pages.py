@@ -175,15 +175,13 @@ class InfoNCEWithWindowDistillation(nn.Module):
     teacher's vector of the same span (`teacher_window_vectors`).
 
     The LMK model reads each column once: its rows are windows ([R, T], `window_document` [R] when a
-    text was cut), their landmark means are the window vectors [R, D], and the model's own
-    `combine_windows` makes the page vectors [B, D], as `encode()` does.
+    text was cut), their landmark means are the window vectors [R, D], and the page vectors [B, D]
+    come from the model's own windows loop, as in `encode()`.
     """
 
     def __init__(self, model, teacher, temperature: float, weight: float, window_weight: float,
                  gather_across_devices: bool = False):
         super().__init__()
-        import importlib
-
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
         self.model, self.weight, self.window_weight = model, weight, window_weight
@@ -191,19 +189,22 @@ class InfoNCEWithWindowDistillation(nn.Module):
         self.embedder = model.transformers_model
         if self.embedder.config.model_type != "lmk_embedder" or self.embedder.config.pooling != "lmk":
             raise ValueError("`window_distill_weight` applies to LMK models with lmk pooling.")
-        self.combine_windows = importlib.import_module(type(self.embedder).__module__).combine_windows
         self.teacher = teacher.eval().requires_grad_(False)
         self.template = special_template(teacher.tokenizer)
         self.has_start = self.embedder.tokenizer.cls_token_id is not None
 
     def column(self, features: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """One column's (page vectors [B, D], window vectors [R, D])."""
-        inputs = {name: features[name] for name in ("input_ids", "attention_mask", "landmark_mask", "position_ids")
-                  if name in features}
-        windows = self.embedder(**inputs).embeddings
+        """One column's (page vectors [B, D], window vectors [R, D]). Cut texts run through the model's
+        own windows loop (`embed_windows`, bounded groups, as `encode()`); a window's vector is the mean
+        of its landmark states, which is what lmk pooling computes."""
         document = features.get("window_document")
-        pages = windows if document is None else self.combine_windows(windows, features["landmark_mask"], document)
-        return pages, windows
+        if document is None:
+            inputs = {name: features[name] for name in ("input_ids", "attention_mask", "landmark_mask", "position_ids")
+                      if name in features}
+            windows = self.embedder(**inputs).embeddings
+            return windows, windows
+        pages, states = self.embedder.embed_windows(features, int(document.max()) + 1, with_states=True)
+        return pages, torch.stack([row.mean(0) for row in states])
 
     def forward(self, sentence_features, labels):
         columns = [self.column(features) for features in sentence_features]
