@@ -329,7 +329,7 @@ SHARED_FILES = ("compat.py", "encoding.py", "st_module.py")
 FAMILY_FILES = {
     "lmk_embedder": ("configuration_lmk.py", "modeling_lmk.py", "onnx_backend.py", "tokenization_lmk.py", *SHARED_FILES),
     "recurrent_embedder": (
-        "configuration_recurrent.py", "modeling_recurrent.py", "modeling_rwkv7.py", "tokenization_recurrent.py",
+        "configuration_recurrent.py", "modeling_recurrent.py", "modeling_rwkv7.py", "ssd.py", "tokenization_recurrent.py",
         *SHARED_FILES,
     ),
 }

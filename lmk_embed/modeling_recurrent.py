@@ -12,16 +12,15 @@ Inference schedules:
     auto        Mamba2 off CUDA: vertical (our scan is the fast path, one block when the input
                 fits). Otherwise horizontal when the longest input fits in one block, vertical beyond.
 
-For Mamba2 the vertical schedule runs a lean chunked SSD scan (`ssd_chunked`) written for
-inference in plain torch; `ssd_reference` beside it is the per-token recurrence it must equal.
-On CUDA, mamba_ssm's fused scan is used when it imports. RWKV-7 (flash-linear-attention's model,
+For Mamba2 the vertical schedule runs the SSD scan of `ssd`: a lean chunked scan (`ssd_chunked`)
+written for inference in plain torch, beside the per-token recurrence it must equal (`ssd_reference`);
+on CUDA, mamba_ssm's fused scan when the `cuda` extra is installed. RWKV-7 (flash-linear-attention's model,
 whose own forward needs Triton on a GPU) runs through the plain-torch path of `modeling_rwkv7`.
 Other backbones carry state through their own transformers cache.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
@@ -37,21 +35,16 @@ from .compat import cache_keyword, carried_cache, check_backbone_internals
 from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
 from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
+from .ssd import mamba_chunk_scan_combined  # noqa: F401 - read by benchmarks/gpu_recurrent.py
+from .ssd import ssd_scan
 from .tokenization_recurrent import RecurrentEmbedTokenizer, iter_text_file
-
-try:  # CUDA kernels, optional (the `cuda` extra)
-    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-except Exception:  # not installed, or no GPU toolchain
-    mamba_chunk_scan_combined = None
-
-# Backbones whose recurrent state we can carry between blocks, and how.
-STATE_CARRIERS = {"mamba2": "mamba2", "xlstm": "cache", "rwkv": "rwkv", "rwkv7": "rwkv7"}
 
 
 # ---- the state carried from one vertical block to the next --------------------------------------
 #
-# Each carrier keeps its state in one small typed structure with `select(rows)`, which keeps the
-# rows (sequences) still running when shorter ones have finished.
+# Each backbone family keeps its state in one small typed structure with `select(rows)`, which keeps
+# the rows (sequences) still running when shorter ones have finished; its `StateCarrier` (below)
+# runs one block from it.
 
 
 @dataclass
@@ -107,161 +100,7 @@ class RwkvState:
 CarriedState = Mamba2State | XlstmState | RwkvState | Rwkv7State
 
 
-# ---- Mamba2 SSD scan: minimal reference, then the fast chunked form ---------------------------
-
-
-def ssd_reference(x, dt, A, B, C, D, initial_state=None):
-    """The SSM recurrence one token at a time (reference; slow).
-
-    x [b, t, h, p], dt [b, t, h] (discretised: softplus + bias + clamp done), A [h], B, C [b, t, g, n],
-    D [h], initial_state [b, h, p, n] -> (y [b, t, h, p], final state [b, h, p, n]). Head i reads group i // (h/g).
-    """
-    b, t, h, p = x.shape
-    repeat = h // B.shape[2]
-    B, C = B.repeat_interleave(repeat, dim=2), C.repeat_interleave(repeat, dim=2)
-    state = x.new_zeros(b, h, p, B.shape[-1]) if initial_state is None else initial_state
-    outputs = []
-    for step in range(t):
-        decay = torch.exp(dt[:, step] * A)[..., None, None]
-        state = state * decay + (dt[:, step, :, None] * x[:, step])[..., None] * B[:, step, :, None, :]
-        outputs.append((state * C[:, step, :, None, :]).sum(-1) + D[:, None] * x[:, step])
-    return torch.stack(outputs, dim=1), state
-
-
-# The factored scan's weights stay within e^±SSD_MAX_EXPONENT (5e21): far from float32's 3.4e38.
-SSD_MAX_EXPONENT = 50.0
-
-
-def ssd_chunked(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
-    """The same scan in chunks (Mamba2's SSD), lean for inference; float32 inside.
-
-    Shapes as in `ssd_reference`. Within a chunk the output is a masked (decayed) attention-like
-    product; between chunks only the [h, p, n] state is carried, by a short loop over chunks.
-
-    The fast form factors the decay: exp(cum[l] - cum[s]) = exp(cum[l] - m) exp(m - cum[s]), with m
-    midway between the chunk's first and last cumulative log decay. The second factor goes into the
-    inputs and the first onto the outputs, so a group's heads share one masked [q, q] product of
-    C B^T and every product is a plain [q, *] GEMM over the group's heads together ([t, h p] layout,
-    no permuted copies): no [q, q] decay per head is built. Both factors stay within
-    e^(span / 2), span = the chunk's largest drop in cumulative log decay; where a chunk of
-    `chunk_size` would pass e^SSD_MAX_EXPONENT, the chunk is halved down to 32, and below that the
-    scan takes the log-space form (`_ssd_chunked_log_space`), which is stable for any decay.
-    """
-    if torch.is_autocast_enabled(x.device.type):  # float32 inside also under autocast (bf16 training)
-        with torch.autocast(x.device.type, enabled=False):
-            return ssd_chunked(x, dt, A, B, C, D, chunk_size, initial_state)
-    b, t, h, p = x.shape
-    g, n = B.shape[2], B.shape[3]
-    r = h // g
-    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
-    log_decay = dt * A.float()  # [b, t, h]
-    q = chunk_size
-    cumulative = _chunk_cumsum(log_decay, q)  # [b, c, q, h]
-    while float((cumulative[:, :, 0] - cumulative[:, :, -1]).max().detach()) > 2 * SSD_MAX_EXPONENT:
-        if q < 64:  # below 32 the loop over chunks costs more than the log-space form saves
-            return _ssd_chunked_log_space(x, dt, A, B, C, D, chunk_size, initial_state)
-        q //= 2
-        cumulative = _chunk_cumsum(log_decay, q)
-    c = cumulative.shape[1]
-    pad = c * q - t
-    middle = (cumulative[:, :, :1] + cumulative[:, :, -1:]) / 2  # [b, c, 1, h], <= 0
-    grow = torch.exp(middle - cumulative).view(b, c * q, h)[:, :t] * dt
-    grown = x * grow[..., None]  # x dt exp(m - cum): [b, t, h, p]
-    if pad:  # zero inputs at no decay: the final state is unchanged
-        grown, B, C = (F.pad(tensor, (0, 0, 0, 0, 0, pad)) for tensor in (grown, B, C))
-    grown = grown.view(b, c, q, g, r * p).transpose(2, 3)  # [b, c, g, q, r p]: x dt exp(m - cum)
-    B_chunks = B.view(b, c, q, g, n).transpose(2, 3)  # [b, c, g, q, n]
-    C_chunks = C.view(b, c, q, g, n).transpose(2, 3)
-
-    partial = (grown.transpose(-1, -2) @ B_chunks).view(b, c, h, p, n)
-    to_middle = torch.exp(middle[:, :, 0])[..., None, None]  # [b, c, h, 1, 1]
-    middle_to_end = torch.exp(cumulative[:, :, -1] - middle[:, :, 0])[..., None, None]
-    partial = partial * middle_to_end  # each chunk's input to the state at its end
-
-    # y[l] = exp(cum[l] - m) (sum_{s<=l} (C[l] . B[s]) grown[s] + C[l] . exp(m) state) + D x[l]
-    scores = (C_chunks @ B_chunks.transpose(-1, -2)).masked_fill_(_future_mask(q, x.device), 0.0)  # [b, c, g, q, q]
-    y = scores @ grown  # [b, c, g, q, r p]
-    # The carry across chunks, one multiply-add per chunk on the [h, p, n] state; the states entering
-    # the chunks are kept as exp(m) state, the part of exp(cum[l]) that the output's factor lacks,
-    # and reach the outputs in one product: [q, n] @ [n, r p] per chunk and group.
-    state = x.new_zeros(b, h, p, n) if initial_state is None else initial_state.float()
-    entering = []
-    for chunk in range(c):
-        entering.append(state * to_middle[:, chunk])
-        state = torch.addcmul(partial[:, chunk], entering[-1], middle_to_end[:, chunk])
-    entering = torch.stack(entering, dim=1).view(b * c * g, r * p, n)
-    y = y.view(b * c * g, q, r * p).baddbmm_(C_chunks.reshape(b * c * g, q, n), entering.transpose(1, 2))
-    y = y.view(b, c, g, q, r * p).transpose(2, 3).reshape(b, c * q, h, p)[:, :t]
-    y = y * torch.exp(cumulative - middle).view(b, c * q, h, 1)[:, :t]
-    return torch.addcmul(y, x, D.float()[:, None]), state
-
-
-def _chunk_cumsum(log_decay, q: int):
-    """log_decay [b, t, h] -> cumulative log decay within chunks of q [b, c, q, h] (zero-padded to c q)."""
-    b, t, h = log_decay.shape
-    return F.pad(log_decay, (0, 0, 0, (-t) % q)).view(b, -1, q, h).cumsum(2)
-
-
-def _ssd_chunked_log_space(x, dt, A, B, C, D, chunk_size: int, initial_state=None):
-    """`ssd_chunked` with the decay built in log space, one [q, q] block per head: exp(cum[l] - cum[s])
-    is formed from the difference, so it holds for any decay, at the cost of four elementwise passes
-    over every head's [q, q] block. Shapes as in `ssd_reference`."""
-    b, t, h, p = x.shape
-    g, n = B.shape[2], B.shape[3]
-    r, q = h // g, chunk_size
-    pad = (-t) % q
-    c = (t + pad) // q
-    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
-    xdt = x * dt[..., None]
-    log_decay = dt * A.float()
-    if pad:  # zero padding: no input and no decay, so the final state is unchanged
-        xdt, log_decay = F.pad(xdt, (0, 0, 0, 0, 0, pad)), F.pad(log_decay, (0, 0, 0, pad))
-        B, C = F.pad(B, (0, 0, 0, 0, 0, pad)), F.pad(C, (0, 0, 0, 0, 0, pad))
-    cumulative = log_decay.view(b, c, q, h).cumsum(2)  # [b, c, q, h]
-    B_chunks = B.view(b, c, q, g, n).transpose(2, 3)  # [b, c, g, q, n]
-    C_chunks = C.view(b, c, q, g, n).transpose(2, 3)
-
-    # Within chunks: y[l] = sum_{s<=l} exp(cum[l] - cum[s]) (C[l] . B[s]) x[s] dt[s].
-    # The [q, q] decay is built once per head and, without autograd, in place in one buffer:
-    # on CPU these elementwise passes, not the products, are much of the scan's time.
-    in_place = not torch.is_grad_enabled()
-    scores = C_chunks @ B_chunks.transpose(-1, -2)  # [b, c, g, q, q], shared by the group's heads
-    per_head = cumulative.transpose(2, 3)  # [b, c, h, q]
-    decay = (per_head[..., :, None] - per_head[..., None, :]).masked_fill_(_future_mask(q, x.device), float("-inf"))
-    decay = decay.exp_().view(b, c, g, r, q, q)
-    decay = decay.mul_(scores[:, :, :, None]) if in_place else decay * scores[:, :, :, None]
-    X = xdt.view(b, c, q, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, q, p]
-    y = (decay @ X).permute(0, 1, 4, 2, 3, 5)  # [b, c, q, g, r, p]
-    del decay
-
-    # Each chunk's contribution to the state at its end: sum_s exp(cum[-1] - cum[s]) x[s] dt[s] B[s]^T.
-    to_end = torch.exp(cumulative[:, :, -1:] - cumulative)  # [b, c, q, h]
-    weighted = (xdt.view(b, c, q, h, p) * to_end[..., None]).view(b, c, q, g, r * p)
-    chunk_states = (weighted.permute(0, 1, 3, 4, 2) @ B_chunks).view(b, c, h, p, n)
-    # The carry across chunks, one multiply-add per chunk: a loop of c small steps over the
-    # [h, p, n] state costs less here than a [c + 1, c + 1] decay product per head.
-    chunk_decay = torch.exp(cumulative[:, :, -1])  # [b, c, h]
-    state = x.new_zeros(b, h, p, n) if initial_state is None else initial_state.float()
-    entering = []
-    for chunk in range(c):
-        entering.append(state)
-        state = torch.addcmul(chunk_states[:, chunk], state, chunk_decay[:, chunk, :, None, None])
-    entering = torch.stack(entering, dim=1).view(b, c, g, r * p, n)
-
-    # From the state entering each chunk: y[l] += exp(cum[l]) C[l] . state.
-    from_state = (C_chunks @ entering.transpose(-1, -2)).view(b, c, g, q, r, p).transpose(2, 3)  # [b, c, q, g, r, p]
-    y = torch.addcmul(y, from_state, torch.exp(cumulative).view(b, c, q, g, r, 1))
-    y = y.reshape(b, c * q, h, p)[:, :t]
-    return torch.addcmul(y, x, D.float()[:, None]), state
-
-
-@functools.lru_cache(maxsize=16)
-def _future_mask(q: int, device: torch.device) -> torch.Tensor:
-    """[q, q] True above the diagonal (s > l): built once per chunk size, not once per call.
-
-    Built outside inference mode: a cached inference tensor could not be saved for a later backward."""
-    with torch.inference_mode(False):
-        return torch.ones(q, q, dtype=torch.bool, device=device).triu(1)
+# ---- the Mamba2 mixer, block by block (its scan: `ssd`) -----------------------------------------
 
 
 def causal_conv_with_state(inputs, weight, bias, state):
@@ -329,15 +168,8 @@ def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chun
     B = B.reshape(b, t, mixer.n_groups, mixer.ssm_state_size)
     C = C.reshape(b, t, mixer.n_groups, mixer.ssm_state_size)
     A = -torch.exp(mixer.A_log.float())
-    limit = mixer.time_step_limit
-    if mamba_chunk_scan_combined is not None and x.is_cuda:
-        y, ssm_state = mamba_chunk_scan_combined(
-            x, dt, A, B, C, chunk_size=mixer.chunk_size, D=mixer.D, dt_bias=mixer.dt_bias, dt_softplus=True,
-            dt_limit=tuple(limit), initial_states=ssm_state, return_final_states=True,
-        )
-    else:
-        dt = torch.clamp(F.softplus(dt + mixer.dt_bias.to(dt.dtype)), min=limit[0], max=limit[1])
-        y, ssm_state = ssd_chunked(x, dt, A, B, C, mixer.D, chunk_size, ssm_state)
+    y, ssm_state = ssd_scan(x, dt, A, B, C, mixer.D, mixer.dt_bias, mixer.time_step_limit, chunk_size,
+                            kernel_chunk_size=mixer.chunk_size, initial_state=ssm_state)
     y = rms_norm(mixer.norm, y.reshape(b, t, -1), gate)
     return mixer.out_proj(y.to(dtype)), Mamba2LayerState(conv_state, ssm_state)
 
@@ -357,6 +189,107 @@ def _new_xlstm_cache(backbone, batch_size: int, like: torch.Tensor):
     zeros = lambda *shape: torch.zeros(batch_size, config.num_heads, *shape, device=like.device)  # noqa: E731
     cache.rnn_state = {i: (zeros(qk, v), zeros(qk), zeros(1)) for i in range(config.num_hidden_layers)}
     return cache
+
+
+# ---- one interface for every backbone whose state is carried ----------------------------------
+
+
+class StateCarrier:
+    """How one backbone family carries its recurrent state from one vertical block to the next.
+
+    The model calls only these methods (on the class: carriers hold nothing), looked up once by the
+    backbone's `model_type` in `STATE_CARRIERS`; a family added there needs no other change.
+    """
+
+    @staticmethod
+    def check_backbone(backbone) -> None:
+        """At load: refuse a backbone this family's block step cannot run. Nothing to refuse by default."""
+
+    @staticmethod
+    def block_step(model: "RecurrentEmbedModel", input_ids: torch.Tensor, state: CarriedState | None):
+        """One block input_ids [b, t] through every layer of `model.backbone` from `state` (None: the
+        start of the sequences) -> (final hidden [b, t, D], the state after the block, for the next one)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def prefers_own_step(device: torch.device) -> bool:
+        """Whether `schedule="auto"` takes the vertical schedule (our block step) on `device` even when
+        the input fits one block, because our step is the faster path there. No by default."""
+        return False
+
+    @staticmethod
+    def backbone_forward_runs_on(device: torch.device) -> bool:
+        """Whether the backbone's own forward (the horizontal schedule) runs on `device`. Where it does
+        not, `forward` runs the whole input as one vertical block instead. Yes by default."""
+        return True
+
+
+class Mamba2Carrier(StateCarrier):
+    """Mamba2 through our own mixer step (its scan: `ssd`), state `Mamba2State`."""
+
+    @staticmethod
+    def block_step(model, input_ids, state: Mamba2State | None):
+        backbone = model.backbone
+        hidden = backbone.embeddings(input_ids)
+        layer_states = [None] * len(backbone.layers) if state is None else state.layers
+        new_states = []
+        for layer, layer_state in zip(backbone.layers, layer_states):
+            residual = hidden
+            hidden = rms_norm(layer.norm, hidden.to(dtype=layer.norm.weight.dtype))
+            if layer.residual_in_fp32:
+                residual = residual.to(torch.float32)
+            hidden, layer_state = mamba2_mixer_step(layer.mixer, hidden, layer_state, model.config.ssd_chunk_size)
+            hidden = residual + hidden
+            new_states.append(layer_state)
+        return rms_norm(backbone.norm_f, hidden), Mamba2State(new_states)
+
+    @staticmethod
+    def prefers_own_step(device):
+        # Off CUDA our Mamba2 scan is the fast path even for one block: 1.4x transformers' torch
+        # forward, in training too (docs/recurrent-student.md). On CUDA the backbone's fused kernels are.
+        return device.type != "cuda"
+
+
+class XlstmCarrier(StateCarrier):
+    """xLSTM through transformers' own forward and cache, state `XlstmState`."""
+
+    @staticmethod
+    def block_step(model, input_ids, state: XlstmState | None):
+        backbone = model.backbone
+        cache = _new_xlstm_cache(backbone, input_ids.shape[0], input_ids) if state is None else state.cache
+        output = backbone(input_ids=input_ids, use_cache=True, **{cache_keyword(backbone.forward): cache})
+        return output.last_hidden_state, XlstmState(carried_cache(output, type(cache)))
+
+
+class RwkvCarrier(StateCarrier):
+    """RWKV-4 through transformers' own forward and its `state` tensors, state `RwkvState`."""
+
+    @staticmethod
+    def block_step(model, input_ids, state: RwkvState | None):
+        output = model.backbone(input_ids=input_ids, state=None if state is None else state.tensors, use_cache=True)
+        return output.last_hidden_state, RwkvState(list(output.state))
+
+
+class Rwkv7Carrier(StateCarrier):
+    """RWKV-7 (fla's model) through the plain-torch path of `modeling_rwkv7`, state `Rwkv7State`."""
+
+    @staticmethod
+    def check_backbone(backbone):
+        check_rwkv7_backbone(backbone)
+
+    @staticmethod
+    def block_step(model, input_ids, state: Rwkv7State | None):
+        return rwkv7_block_step(model.backbone, input_ids, state)
+
+    @staticmethod
+    def backbone_forward_runs_on(device):
+        return device.type == "cuda"  # fla's own RWKV-7 forward is Triton-only
+
+
+# Backbones whose recurrent state we can carry between blocks (by `model_type`), and how.
+STATE_CARRIERS: dict[str, type[StateCarrier]] = {
+    "mamba2": Mamba2Carrier, "xlstm": XlstmCarrier, "rwkv": RwkvCarrier, "rwkv7": Rwkv7Carrier,
+}
 
 
 def _real_tokens_first(input_ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -417,13 +350,14 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         config.check()
         self.backbone = AutoModel.from_config(config.backbone_config)
         check_backbone_internals(config.backbone_config.model_type, self.backbone)  # once per load, named
-        if self.state_carrier == "rwkv7":
-            check_rwkv7_backbone(self.backbone)
+        if self.state_carrier is not None:
+            self.state_carrier.check_backbone(self.backbone)
         self._tokenizer = None
         self.post_init()
 
     @property
-    def state_carrier(self) -> str | None:
+    def state_carrier(self) -> type[StateCarrier] | None:
+        """The backbone family's `StateCarrier`; None for a backbone whose state cannot be carried."""
         return STATE_CARRIERS.get(self.config.backbone_config.model_type)
 
     # ---- schedules ----------------------------------------------------------------------------
@@ -443,13 +377,11 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         and V into an int."""
         schedule = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
         block_size = self.resolve_block_size(block_size, batch_size)
+        carrier = self.state_carrier
         if schedule == "auto":
-            # Off CUDA our Mamba2 scan is the fast path even for one block: 1.4x transformers' torch
-            # forward, in training too (docs/recurrent-student.md). On CUDA the backbone's fused kernels are.
-            own_scan = self.state_carrier == "mamba2" and self.device.type != "cuda"
-            fits = longest <= block_size and not own_scan
-            schedule = "horizontal" if fits or self.state_carrier is None else "vertical"
-        if schedule == "vertical" and self.state_carrier is None:
+            fits = longest <= block_size and not (carrier is not None and carrier.prefers_own_step(self.device))
+            schedule = "horizontal" if fits or carrier is None else "vertical"
+        if schedule == "vertical" and carrier is None:
             raise ValueError(
                 f"schedule='vertical' needs a backbone that carries recurrent state between blocks "
                 f"({sorted(STATE_CARRIERS)}); {self.config.backbone_config.model_type!r} cannot. Use 'horizontal'."
@@ -481,8 +413,9 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         longest = int(lengths.max())
         schedule, block_size = self.resolve_schedule(schedule, block_size, longest, batch_size=input_ids.shape[0])
         input_ids = input_ids[:, :longest]
-        if schedule == "horizontal" and self.state_carrier == "rwkv7" and not input_ids.is_cuda:
-            # fla's own RWKV-7 forward is Triton-only: off CUDA, the whole sequence is one plain-torch block.
+        carrier = self.state_carrier
+        if schedule == "horizontal" and carrier is not None and not carrier.backbone_forward_runs_on(input_ids.device):
+            # e.g. RWKV-7 off CUDA: the whole sequence is one block of our own step.
             schedule, block_size = "vertical", longest
         if schedule == "horizontal":
             # No cache: xLSTM would size one from its config and crash for qk_dim_factor=0.5.
@@ -514,33 +447,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     def block_step(self, input_ids: torch.Tensor, state: CarriedState | None):
         """One block [b, t] through every layer from `state` (None: the start of the sequences)
-        -> (final hidden [b, t, D], the state after the block, for the next one)."""
-        carrier = self.state_carrier
-        if carrier == "mamba2":
-            return self._mamba2_block(input_ids, state)
-        if carrier == "rwkv7":
-            return rwkv7_block_step(self.backbone, input_ids, state)
-        if carrier == "rwkv":
-            output = self.backbone(input_ids=input_ids, state=None if state is None else state.tensors, use_cache=True)
-            return output.last_hidden_state, RwkvState(list(output.state))
-        cache = _new_xlstm_cache(self.backbone, input_ids.shape[0], input_ids) if state is None else state.cache
-        output = self.backbone(input_ids=input_ids, use_cache=True, **{cache_keyword(self.backbone.forward): cache})
-        return output.last_hidden_state, XlstmState(carried_cache(output, type(cache)))
-
-    def _mamba2_block(self, input_ids: torch.Tensor, state: Mamba2State | None):
-        backbone = self.backbone
-        hidden = backbone.embeddings(input_ids)
-        layer_states = [None] * len(backbone.layers) if state is None else state.layers
-        new_states = []
-        for layer, layer_state in zip(backbone.layers, layer_states):
-            residual = hidden
-            hidden = rms_norm(layer.norm, hidden.to(dtype=layer.norm.weight.dtype))
-            if layer.residual_in_fp32:
-                residual = residual.to(torch.float32)
-            hidden, layer_state = mamba2_mixer_step(layer.mixer, hidden, layer_state, self.config.ssd_chunk_size)
-            hidden = residual + hidden
-            new_states.append(layer_state)
-        return rms_norm(backbone.norm_f, hidden), Mamba2State(new_states)
+        -> (final hidden [b, t, D], the state after the block, for the next one): the carrier's step."""
+        return self.state_carrier.block_step(self, input_ids, state)
 
     # ---- inputs -------------------------------------------------------------------------------
 
@@ -693,4 +601,4 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         return hidden[0, -1].float(), int(truncated)
 
 
-__all__ = ["RecurrentEmbedModel", "RecurrentEmbedPreTrainedModel", "RecurrentOutput", "ssd_chunked", "ssd_reference"]
+__all__ = ["STATE_CARRIERS", "RecurrentEmbedModel", "RecurrentEmbedPreTrainedModel", "RecurrentOutput", "StateCarrier"]

@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import Mamba2Model
 
-import lmk_embed.modeling_recurrent as recurrent
+import lmk_embed.ssd as ssd
 from lmk_embed.configuration_recurrent import RecurrentEmbedConfig
-from lmk_embed.modeling_recurrent import RecurrentEmbedModel, ssd_chunked, ssd_reference
+from lmk_embed.modeling_recurrent import RecurrentEmbedModel
+from lmk_embed.ssd import ssd_chunked, ssd_reference
 from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
 from tests.helpers import SAMPLE_TEXT, stdlib_texts, tiny_mamba2_config
 
@@ -71,9 +72,9 @@ def test_chunked_scan_holds_for_strong_decay(monkeypatch, decay, spans, log_spac
     """Strong decay (a log decay up to -`decay` per token) takes the scan off its factored form:
     every path must still equal the recurrence."""
     seen, fallbacks = [], []
-    chunk_cumsum, fallback = recurrent._chunk_cumsum, recurrent._ssd_chunked_log_space
-    monkeypatch.setattr(recurrent, "_chunk_cumsum", lambda log_decay, q: seen.append(q) or chunk_cumsum(log_decay, q))
-    monkeypatch.setattr(recurrent, "_ssd_chunked_log_space", lambda *a: fallbacks.append(1) or fallback(*a))
+    chunk_cumsum, fallback = ssd._chunk_cumsum, ssd._ssd_chunked_log_space
+    monkeypatch.setattr(ssd, "_chunk_cumsum", lambda log_decay, q: seen.append(q) or chunk_cumsum(log_decay, q))
+    monkeypatch.setattr(ssd, "_ssd_chunked_log_space", lambda *a: fallbacks.append(1) or fallback(*a))
     torch.manual_seed(0)
     b, t, h, p, g, n = 2, 150, 4, 8, 2, 6
     x, B, C = torch.randn(b, t, h, p), torch.randn(b, t, g, n), torch.randn(b, t, g, n)
@@ -82,6 +83,24 @@ def test_chunked_scan_holds_for_strong_decay(monkeypatch, decay, spans, log_spac
     y_ref, s_ref = ssd_reference(x, dt, A, B, C, D, state)
     y, s = ssd_chunked(x, dt, A, B, C, D, 64, state)
     assert seen == spans and bool(fallbacks) == log_space
+    torch.testing.assert_close(y, y_ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(s, s_ref, atol=2e-5, rtol=1e-4)
+
+
+def test_ssd_scan_off_cuda_is_the_chunked_scan_of_the_discretised_step():
+    """`ssd_scan`, what the Mamba2 mixer calls, discretises the raw time step as transformers does
+    (softplus of dt + bias, clamped) and then, off CUDA, is `ssd_chunked` bit for bit; both equal
+    the per-token recurrence to float32 rounding."""
+    torch.manual_seed(0)
+    b, t, h, p, g, n = 2, 37, 4, 8, 2, 6
+    x, B, C = torch.randn(b, t, h, p), torch.randn(b, t, g, n), torch.randn(b, t, g, n)
+    raw_dt, dt_bias, A, D = torch.randn(b, t, h), torch.randn(h), -torch.rand(h) * 2, torch.randn(h)
+    state, limit = torch.randn(b, h, p, n), (0.02, 0.3)
+    y, s = ssd.ssd_scan(x, raw_dt, A, B, C, D, dt_bias, limit, 8, kernel_chunk_size=16, initial_state=state)
+    dt = torch.clamp(torch.nn.functional.softplus(raw_dt + dt_bias), min=limit[0], max=limit[1])
+    y_chunked, s_chunked = ssd_chunked(x, dt, A, B, C, D, 8, state)
+    assert torch.equal(y, y_chunked) and torch.equal(s, s_chunked)
+    y_ref, s_ref = ssd_reference(x, dt, A, B, C, D, state)
     torch.testing.assert_close(y, y_ref, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(s, s_ref, atol=2e-5, rtol=1e-4)
 
@@ -371,6 +390,48 @@ def test_xlstm_vertical_matches_horizontal_and_reference(qk_dim_factor):
         expected = last_states_row_by_row(model.backbone, ids, lengths, use_cache=False)
     assert (vertical - expected).abs().max() <= 1e-4
     assert (horizontal - expected).abs().max() <= 1e-4
+
+
+# ---- the state interface ------------------------------------------------------------------------
+
+
+def test_every_carried_backbone_has_its_own_block_step():
+    from lmk_embed.modeling_recurrent import STATE_CARRIERS, StateCarrier
+
+    assert set(STATE_CARRIERS) == {"mamba2", "xlstm", "rwkv", "rwkv7"}
+    for model_type, carrier in STATE_CARRIERS.items():
+        assert issubclass(carrier, StateCarrier) and carrier.block_step is not StateCarrier.block_step, model_type
+
+
+def test_a_family_added_to_the_carriers_needs_no_other_change(monkeypatch):
+    """The model asks only its `StateCarrier`: registering one for GPT-2 (its KV cache as the carried
+    state) makes the vertical schedule run, and equal the horizontal one."""
+    from dataclasses import dataclass
+
+    from transformers import DynamicCache, GPT2Config
+
+    import lmk_embed.modeling_recurrent as recurrent
+
+    @dataclass
+    class CacheState:
+        cache: DynamicCache
+
+    class Gpt2Carrier(recurrent.StateCarrier):
+        @staticmethod
+        def block_step(model, input_ids, state):
+            cache = DynamicCache() if state is None else state.cache
+            output = model.backbone(input_ids=input_ids, past_key_values=cache, use_cache=True)
+            return output.last_hidden_state, CacheState(output.past_key_values)
+
+    monkeypatch.setitem(recurrent.STATE_CARRIERS, "gpt2", Gpt2Carrier)
+    torch.manual_seed(0)
+    backbone = GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=256)
+    model = RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict())).eval()
+    ids = torch.randint(0, 100, (1, 23))
+    with torch.no_grad():
+        vertical = model(ids, schedule="vertical", block_size=5).embeddings
+        horizontal = model(ids, schedule="horizontal").embeddings
+    torch.testing.assert_close(vertical, horizontal, atol=1e-5, rtol=1e-4)
 
 
 # ---- bad input --------------------------------------------------------------------------------------
