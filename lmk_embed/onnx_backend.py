@@ -6,6 +6,10 @@ lives in the tooling, `lmk_embed_tools/onnx_export.py`, and never ships in a che
     onnx/model.onnx        fp32: `torch.onnx.export`, opset 17, eager attention
     onnx/model_qint8.onnx  int8: `onnxruntime.quantization.quantize_dynamic` of it (MatMul weights only)
 
+BERT-family graphs are fused by ONNX Runtime's transformer optimizer; their attention runs without a
+mask (the CPU flash kernel) when a run has no padded row. Each graph records the CPU features of the
+machine it was exported on (`CPU_FEATURES`); loading it on a CPU that lacks some warns once.
+
 The graph takes `input_ids`, `attention_mask` and `landmark_mask`, int64 [B, T], with dynamic B and T
 (up to the checkpoint's position limit; pooling `cls` and `mean` read no landmark mask, so their graph
 takes the first two only). An extended position table (`config.position_extension`) is read inside
@@ -36,9 +40,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers.utils import logging
 
 from .configuration_lmk import LMKConfig
 from .encoding import TOKENIZER_LOADING_KWARGS, check_choice
+
+logger = logging.get_logger(__name__)
 
 BACKENDS = ("torch", "onnx")
 FP32_FILE = "onnx/model.onnx"
@@ -54,6 +61,38 @@ INSTALL_HINT = "pip install 'lmk-embed[onnx]' (or pip install onnxruntime onnx)"
 STALE_GRAPH_CHOICES = ("error", "warn")
 # The keyword arguments transformers' AutoModel adds on its way to `from_pretrained`; the ONNX model has no use for them.
 _AUTO_KWARGS = ("trust_remote_code", "_from_auto", "adapter_kwargs", "code_revision")
+
+
+# The CPU features ONNX Runtime's CPU kernels (MLAS) pick their paths by: wide vectors, the int8
+# dot-product instructions (VNNI) and the matrix units (AMX). A graph records those of the CPU it was
+# exported and measured on (`lmk_tuned_cpu`).
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+
+
+def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> list[str] | None:
+    """The `CPU_FEATURES` this machine's CPU has (Linux's `flags` line), or None where it cannot be read."""
+    try:
+        with open(cpuinfo) as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else [feature for feature in CPU_FEATURES if feature in flags]
+
+
+def warn_if_tuned_for_other_cpu(graph_metadata: dict, file_name: str, running: list[str] | None = None) -> None:
+    """Warn once when the graph was tuned on a CPU with features (`lmk_tuned_cpu`) this one lacks:
+    ONNX Runtime then takes slower kernels, and the graph may lose to backend='torch' here. Nothing
+    is said where either CPU's features are unknown."""
+    tuned = graph_metadata.get("lmk_tuned_cpu", "unknown")
+    running = cpu_features() if running is None else running
+    if tuned == "unknown" or running is None:
+        return
+    missing = [feature for feature in tuned.split(",") if feature and feature not in running]
+    if missing:
+        logger.warning_once(
+            f"{file_name} was exported and measured on a CPU with {', '.join(missing)}, which this CPU lacks: ONNX "
+            "Runtime takes other kernels here and may be slower than backend='torch'. Compare the two on this CPU "
+            "(docs/onnx.md gives the figures per CPU family).")
 
 
 def require_onnxruntime():
@@ -247,10 +286,14 @@ def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_arg
     remedy = None if local else (f"The repository {pretrained_model_name_or_path!r} needs its graph exported again "
                                  "(lmk-embed export-onnx, then push); until then load it with backend='torch'")
     check_graph_weights(found, graph.metadata, file_name, stale_graph, remedy)
+    if provider == "CPUExecutionProvider":
+        warn_if_tuned_for_other_cpu(graph.metadata, file_name)
     model = model_class(config, graph)
     model._tokenizer_loading_kwargs = hub
     return model
 
 
-__all__ = ["BACKENDS", "FP32_FILE", "GRAPH_FORMAT", "STALE_GRAPH_CHOICES", "check_graph_weights", "weight_files", "weights_fingerprint", "INPUT_NAMES", "INSTALL_HINT", "ONNX_FILES",
-           "OUTPUT_NAMES", "QUANTIZED_FILES", "WEIGHT_PATTERNS", "OnnxGraph", "load_onnx_model", "require_onnxruntime"]
+__all__ = ["BACKENDS", "CPU_FEATURES", "FP32_FILE", "GRAPH_FORMAT", "INPUT_NAMES", "INSTALL_HINT", "ONNX_FILES",
+           "OUTPUT_NAMES", "QUANTIZED_FILES", "STALE_GRAPH_CHOICES", "WEIGHT_PATTERNS", "OnnxGraph",
+           "check_graph_weights", "cpu_features", "load_onnx_model", "require_onnxruntime",
+           "warn_if_tuned_for_other_cpu", "weight_files", "weights_fingerprint"]

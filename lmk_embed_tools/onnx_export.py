@@ -20,7 +20,7 @@ from lmk_embed.configuration_lmk import LMKConfig
 from lmk_embed.encoding import check_choice
 from lmk_embed.modeling_lmk import LMKModel
 from lmk_embed.onnx_backend import (FP32_FILE, GRAPH_FORMAT, INPUT_NAMES, INSTALL_HINT, OUTPUT_NAMES, QUANTIZED_FILES,
-                                    require_onnxruntime, weights_fingerprint)
+                                    cpu_features, require_onnxruntime, weights_fingerprint)
 
 OPSET = 17
 # Backbones whose exported graph ONNX Runtime's transformer optimizer fuses (its `model_type="bert"` patterns).
@@ -86,6 +86,11 @@ def graph_metadata(model: LMKModel, weights: str, quantization: str, fused: bool
         "lmk_weights_sha256": weights,
         "lmk_quantization": quantization,
         "lmk_fused": "bert" if fused else "none",
+        # Fused graphs: attention without its mask (the flash kernel) when the batch has no padding.
+        "lmk_attention": "unmasked-when-unpadded" if fused else "plain",
+        # The CPU features of the machine the graph was exported, quantised and measured on: the runtime
+        # warns once where the running CPU lacks some (its kernels then take other paths).
+        "lmk_tuned_cpu": ",".join(cpu_features() or ["unknown"]),
     }
 
 
@@ -187,14 +192,102 @@ def export_onnx(checkpoint, quantize: str | None = None, opset: int = OPSET, fus
 
 def _fuse(path: Path, backbone_config) -> None:
     """ONNX Runtime's transformer optimizer on the graph at `path` (in place): its Python fusions only
-    (`opt_level=0`), so the graph keeps no optimisation that is specific to one execution provider."""
+    (`opt_level=0`), so the graph keeps no optimisation that is specific to one execution provider.
+
+    Attention is fused as `MultiHeadAttention`, then run without a mask when the batch has no padding
+    and as the `Attention` op when it has (`_attention_by_padding`): without a mask ONNX Runtime's CPU
+    kernel takes its flash path, which streams the scores where the masked ops materialise them
+    (docs/onnx.md, "Where the graph loses at long lengths")."""
     try:  # lazy, and inside try: transformers' remote-code loader then does not require onnxruntime
+        from onnxruntime.transformers.fusion_options import FusionOptions
         from onnxruntime.transformers.optimizer import optimize_model
     except ImportError as error:
         raise ImportError(f"Fusing the graph needs onnxruntime, which is not installed: {INSTALL_HINT}.") from error
+    options = FusionOptions("bert")
+    options.use_multi_head_attention = True
     optimized = optimize_model(str(path), model_type="bert", num_heads=int(backbone_config.num_attention_heads),
-                               hidden_size=int(backbone_config.hidden_size), opt_level=0)
+                               hidden_size=int(backbone_config.hidden_size), opt_level=0, optimization_options=options)
+    graph = optimized.model.graph
+    attentions = [node for node in graph.node if node.op_type == "MultiHeadAttention"]
+    if len(attentions) != int(backbone_config.num_hidden_layers):
+        raise RuntimeError(f"ONNX Runtime's optimizer fused {len(attentions)} attention layers of "
+                           f"{backbone_config.num_hidden_layers}; this onnxruntime's fusions do not fit the graph.")
+    _attention_by_padding(graph, attentions)
     optimized.save_model_to_file(str(path))
+
+
+def _attention_by_padding(graph, attentions: list) -> None:
+    """Replace each fused `MultiHeadAttention` in `attentions`, and the three MatMuls that project its
+    query, key and value from one input by constant weights [H, H], with an `If` on "no row of the
+    batch is padded" (the smallest `attention_mask` value is 1):
+
+    - then: one MatMul by the three weights side by side [H, 3H], a Split, and `MultiHeadAttention`
+      without its key padding mask, which ONNX Runtime's CPU kernel needs for its flash path (it
+      streams the scores);
+    - else: the `Attention` op on the same merged weights and the mask, as ONNX Runtime fuses BERT by
+      default (faster than the masked `MultiHeadAttention` on padded batches).
+
+    Both branches compute the same product; only the kernel differs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    producers = {output: node for node in graph.node for output in node.output}
+    readers = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    unpadded = "lmk_batch_unpadded"
+    replaced = {}  # id(node) -> the nodes that take its place (none for the dropped projections)
+    for index, attention in enumerate(attentions):
+        projections = [producers.get(name) for name in attention.input[:3]]
+        if not all(node is not None and node.op_type == "MatMul" and node.input[1] in initializers
+                   and readers[node.output[0]] == 1 for node in projections) \
+                or len({node.input[0] for node in projections}) != 1 or len(attention.input) < 5:
+            raise RuntimeError(f"{attention.name}: query, key and value are not three MatMuls of one input by constant "
+                               "weights, or the mask is missing; this onnxruntime's fusions do not fit the graph.")
+        hidden, bias, mask = projections[0].input[0], attention.input[3], attention.input[4]
+        weight, sizes, output = f"lmk_qkv_weight_{index}", f"lmk_qkv_sizes_{index}", attention.output[0]
+        weights = [numpy_helper.to_array(initializers[node.input[1]]) for node in projections]
+        graph.initializer.append(numpy_helper.from_array(np.concatenate(weights, axis=1), weight))
+        graph.initializer.append(numpy_helper.from_array(np.array([w.shape[1] for w in weights], np.int64), sizes))
+        split = [f"lmk_{part}_{index}" for part in ("qkv", "query", "key", "value")]
+        unmasked = helper.make_node("MultiHeadAttention", [*split[1:], bias], [f"{output}_unmasked"],
+                                    domain="com.microsoft", name=f"lmk_attention_unmasked_{index}")
+        masked = helper.make_node("Attention", [hidden, weight, bias, mask], [f"{output}_masked"],
+                                  domain="com.microsoft", name=f"lmk_attention_masked_{index}")
+        for node in (unmasked, masked):
+            node.attribute.extend(attention.attribute)
+
+        def branch(name: str, nodes: list, result: str):
+            # Every tensor typed: the quantiser reads a product's type from value_info to cast it back.
+            typed = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for node in nodes for name in node.output]
+            return helper.make_graph(nodes, name, [], typed[-1:], value_info=typed[:-1])
+
+        then_branch = branch(f"lmk_unpadded_{index}", [
+            helper.make_node("MatMul", [hidden, weight], [split[0]], name=f"lmk_qkv_matmul_{index}"),
+            helper.make_node("Split", [split[0], sizes], split[1:], axis=-1, name=f"lmk_qkv_split_{index}"),
+            unmasked], f"{output}_unmasked")
+        else_branch = branch(f"lmk_padded_{index}", [masked], f"{output}_masked")
+        replaced[id(attention)] = [helper.make_node("If", [unpadded], [output], name=f"lmk_attention_{index}",
+                                                    then_branch=then_branch, else_branch=else_branch)]
+        replaced.update({id(node): [] for node in projections})
+    if not attentions:
+        return
+    nodes = [new for node in graph.node for new in replaced.get(id(node), [node])]
+    nodes[:0] = [
+        helper.make_node("ReduceMin", ["attention_mask"], ["lmk_mask_min"], keepdims=0, name="lmk_mask_min"),
+        helper.make_node("Constant", [], ["lmk_one"], value=helper.make_tensor("lmk_one", TensorProto.INT64, [], [1]),
+                         name="lmk_one"),
+        helper.make_node("Equal", ["lmk_mask_min", "lmk_one"], [unpadded], name=unpadded),
+    ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    used |= {name for node in graph.node if node.op_type == "If" for attr in node.attribute
+             for inner in attr.g.node for name in inner.input}
+    kept = [tensor for tensor in graph.initializer if tensor.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 class _DropMessage(logging.Filter):
@@ -210,10 +303,11 @@ class _DropMessage(logging.Filter):
 
 def quantize_graph(source: Path, target: Path, metadata: dict[str, str]) -> Path:
     """int8 dynamic quantisation of the fp32 graph `source` into `target`: the weights of every MatMul
-    with a constant right-hand side (the linear layers) and of fused attention's QKV projection as
-    int8, one scale per output channel, and activations quantised per batch at run time. Embeddings,
-    LayerNorm and the attention products stay float32. (One scale per tensor loses more: on CPUs
-    without VNNI, ONNX Runtime's u8s8 products saturate.)"""
+    with a constant right-hand side (the linear layers, fused attention's merged QKV projection
+    among them) as signed int8, one scale per output channel, and activations quantised per batch at
+    run time. Embeddings, LayerNorm and the attention products stay float32. Chosen by measurement on
+    an AVX-512 VNNI CPU (docs/onnx.md): one scale per tensor lowered the lowest cosine to torch to 0.88
+    (per channel: 0.99), and on CPUs without VNNI ONNX Runtime's u8s8 products saturate."""
     onnx = require_onnx()
     try:  # lazy, and inside try: transformers' remote-code loader then does not require onnxruntime
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -225,7 +319,8 @@ def quantize_graph(source: Path, target: Path, metadata: dict[str, str]) -> Path
     try:
         quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul", "Attention"], weight_type=QuantType.QInt8,
                          per_channel=True, reduce_range=False,
-                         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
+                         extra_options={"MatMulConstBOnly": True, "EnableSubgraph": True,
+                                        "DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         logging.getLogger().removeFilter(advice)
     _write_metadata(target, metadata)

@@ -47,8 +47,20 @@ def extended(tmp_path_factory):
     root = tmp_path_factory.mktemp("onnx-extended")
     folder = convert_to_lmk(tiny_encoder_source(root / "bert", "bert"), root / "lmk", granularity=32,
                             max_positions=4096, position_extension="interpolate")
-    export_onnx(folder)
+    export_onnx(folder, quantize="int8")
     return folder
+
+
+@pytest.fixture(scope="module")
+def real_pages():
+    """Real pages of several lengths: pydoc's pages of three standard-library modules (about 1k to 20k tokens)."""
+    import argparse
+    import json as json_module
+    import textwrap
+
+    from lmk_embed_tools.training.stdlib_corpus import render_page
+
+    return [render_page(module) for module in (argparse, json_module, textwrap)]
 
 
 def load_onnx(folder, **options):
@@ -94,22 +106,107 @@ def test_int8_graph_runs(exported, torch_model):
     assert np.allclose(np.linalg.norm(vectors, axis=-1), 1.0, atol=1e-5)
 
 
-def test_extended_checkpoint_exports_and_matches_at_long_lengths(extended):
+def test_extended_checkpoint_exports_and_matches_at_long_lengths(extended, real_pages):
+    """The fused graph (attention unmasked when a run has no padding, the `Attention` op when it has)
+    gives torch's vectors within 1e-5 on real pages at 1k-4k tokens, padded and unpadded alike, and
+    the int8 graph within 0.99 cosine."""
     import onnx
 
     torch_model = LMKModel.from_pretrained(extended).eval()
-    model = load_onnx(extended)
+    model, int8 = load_onnx(extended), load_onnx(extended, file_name=INT8_FILE)
     facts = {prop.key: prop.value for prop in onnx.load(str(extended / FP32_FILE)).metadata_props}
     assert facts["lmk_fused"] == "bert" and facts["lmk_max_positions"] == "4096"
-    texts = [SAMPLE_TEXT * 60, SAMPLE_TEXT * 12, SAMPLE_TEXT]
+    texts = [*real_pages, SAMPLE_TEXT]
     for max_length in (1024, 2048, 4096):
-        with pytest.warns(UserWarning, match="truncated"):
-            ours = model.encode(texts, max_length=max_length)
-        with pytest.warns(UserWarning, match="truncated"):
-            theirs = torch_model.encode(texts, max_length=max_length)
-        assert np.abs(ours - theirs).max() <= 1e-4, max_length
+        for batch in (texts, real_pages[:1]):  # rows of several lengths (padded), and one row (unpadded)
+            with pytest.warns(UserWarning, match="truncated"):
+                theirs = torch_model.encode(batch, max_length=max_length)
+            with pytest.warns(UserWarning, match="truncated"):
+                ours = model.encode(batch, max_length=max_length)
+            with pytest.warns(UserWarning, match="truncated"):
+                quantized = int8.encode(batch, max_length=max_length)
+            assert np.abs(ours - theirs).max() <= 1e-5, (max_length, len(batch))
+            assert (quantized * theirs).sum(-1).min() >= 0.99, (max_length, len(batch))
     with pytest.raises(ValueError, match="4096"):
         model.encode(texts, max_length=4097)
+
+
+def test_fused_attention_runs_unmasked_only_on_unpadded_batches(extended):
+    """Each fused layer is an `If` on "no padded row": then `MultiHeadAttention` without a mask (the
+    CPU flash kernel) after one merged QKV MatMul, else the masked `Attention` op; in the int8 graph
+    both branches read quantised weights. Both graphs record the exporting CPU's features."""
+    import onnx
+
+    from lmk_embed.onnx_backend import cpu_features
+
+    for name, product, attention in ((FP32_FILE, "MatMul", "Attention"), (INT8_FILE, "MatMulInteger", "QAttention")):
+        graph = onnx.load(str(extended / name))
+        assert not {"Attention", "MultiHeadAttention", "QAttention"} & {node.op_type for node in graph.graph.node}
+        layers = [node for node in graph.graph.node if node.op_type == "If"]
+        assert len(layers) == 2  # the tiny BERT's layers
+        for layer in layers:
+            branches = {attr.name: attr.g for attr in layer.attribute}
+            unpadded, padded = branches["then_branch"].node, branches["else_branch"].node
+            assert [node.op_type for node in unpadded][0] == product
+            assert unpadded[-1].op_type == "MultiHeadAttention" and len(unpadded[-1].input) == 4  # no mask
+            assert [node.op_type for node in padded] == [attention] and padded[0].input[3] != ""  # the mask
+        facts = {prop.key: prop.value for prop in graph.metadata_props}
+        assert facts["lmk_attention"] == "unmasked-when-unpadded"
+        assert facts["lmk_tuned_cpu"] == ",".join(cpu_features() or ["unknown"])
+
+
+def test_fused_graph_through_sentence_transformers_and_encode_corpus(extended, real_pages, tmp_path):
+    import pyarrow.parquet as pq
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed_tools.corpus import encode_corpus
+
+    texts = [*real_pages, SAMPLE_TEXT, "Zip archives."]
+    torch_st = SentenceTransformer(str(extended), trust_remote_code=True, device="cpu")
+    onnx_st = SentenceTransformer(str(extended), trust_remote_code=True, backend="onnx")
+    for st in (torch_st, onnx_st):
+        st.max_seq_length = 2048
+    with pytest.warns(UserWarning, match="truncated"):
+        theirs = torch_st.encode(texts)
+    with pytest.warns(UserWarning, match="truncated"):
+        assert np.abs(onnx_st.encode(texts) - theirs).max() <= 1e-5
+    source = tmp_path / "corpus.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "text": text}) + "\n" for i, text in enumerate(texts)))
+    for backend in ("torch", "onnx"):
+        encode_corpus(str(extended), str(source), tmp_path / backend, backend=backend, max_length=2048,
+                          show_progress_bar=False)
+    vectors = {backend: np.stack(pq.read_table(tmp_path / backend / "part-00000.parquet").column("embedding").to_numpy(
+        zero_copy_only=False)) for backend in ("torch", "onnx")}
+    assert np.abs(vectors["onnx"] - vectors["torch"]).max() <= 1e-5
+    assert np.abs(vectors["torch"] - theirs).max() <= 1e-5
+
+
+def test_a_graph_tuned_on_another_cpu_warns_once(tmp_path, caplog):
+    from lmk_embed import onnx_backend
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f fma\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    assert onnx_backend.cpu_features(str(cpuinfo)) == ["avx2", "avx512f"]
+    assert onnx_backend.cpu_features(str(tmp_path / "missing")) is None
+    tuned = {"lmk_tuned_cpu": "avx2,avx512f,avx512_vnni,amx_int8"}
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            onnx_backend.warn_if_tuned_for_other_cpu(tuned, "onnx/model_qint8.onnx", running=["avx2", "avx512f"])
+        onnx_backend.warn_if_tuned_for_other_cpu(tuned, "onnx/model.onnx", running=tuned["lmk_tuned_cpu"].split(","))
+        onnx_backend.warn_if_tuned_for_other_cpu({"lmk_tuned_cpu": "unknown"}, "onnx/model.onnx", running=[])
+    warned = [record.getMessage() for record in caplog.records if "exported and measured on a CPU" in record.getMessage()]
+    assert warned[0].startswith("onnx/model_qint8.onnx") and "avx512_vnni, amx_int8" in warned[0]
+    assert sum("model_qint8" in message for message in warned) == 1  # once
+
+
+def test_loading_a_graph_tuned_for_features_this_cpu_lacks_warns(extended, tmp_path, caplog):
+    from lmk_embed_tools.onnx_export import _write_metadata
+
+    folder = shutil.copytree(extended, tmp_path / "lmk")
+    _write_metadata(folder / FP32_FILE, {"lmk_tuned_cpu": "avx2,amx_fp99"})  # no CPU has it
+    with caplog.at_level("WARNING"):
+        assert load_onnx(folder).encode("hello").shape == (32,)
+    assert any("with amx_fp99, which this CPU lacks" in record.getMessage() for record in caplog.records)
 
 
 def test_the_checkpoints_own_pooling_is_exported(modernbert_source, tmp_path):
