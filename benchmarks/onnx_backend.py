@@ -5,8 +5,8 @@
                                       [--no-long] [--no-quality] [--no-corpus]
 
 It prints the CPU's model and the features ONNX Runtime's kernels choose by (AVX2, AVX-512, VNNI,
-AMX; `CPU_FEATURES`) first. Every part runs both sides in this one run, on the same checkpoint, texts, batch size and threads,
-and prints their ratio (time / time, or throughput / throughput):
+AMX; `CPU_FEATURES`) first. Every part runs both sides in this one run, on the same checkpoint,
+texts, batch size and threads, and prints their ratio (time / time, or throughput / throughput):
 
 1. 512 tokens: all-MiniLM-L6-v2 converted to LMK (g=32) and exported (`export_onnx`, fp32 + int8);
    real pages (stdlib documentation pages of at least 400 words, by name) at 512 tokens, batch 16;

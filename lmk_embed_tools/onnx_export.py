@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -231,10 +232,7 @@ def _attention_by_padding(graph, attentions: list) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     producers = {output: node for node in graph.node for output in node.output}
-    readers = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    readers = Counter(name for node in graph.node for name in node.input)
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     unpadded = "lmk_batch_unpadded"
     replaced = {}  # id(node) -> the nodes that take its place (none for the dropped projections)
@@ -257,22 +255,14 @@ def _attention_by_padding(graph, attentions: list) -> None:
                                   domain="com.microsoft", name=f"lmk_attention_masked_{index}")
         for node in (unmasked, masked):
             node.attribute.extend(attention.attribute)
-
-        def branch(name: str, nodes: list, result: str):
-            # Every tensor typed: the quantiser reads a product's type from value_info to cast it back.
-            typed = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for node in nodes for name in node.output]
-            return helper.make_graph(nodes, name, [], typed[-1:], value_info=typed[:-1])
-
-        then_branch = branch(f"lmk_unpadded_{index}", [
+        then_branch = _float_branch(f"lmk_unpadded_{index}", [
             helper.make_node("MatMul", [hidden, weight], [split[0]], name=f"lmk_qkv_matmul_{index}"),
             helper.make_node("Split", [split[0], sizes], split[1:], axis=-1, name=f"lmk_qkv_split_{index}"),
-            unmasked], f"{output}_unmasked")
-        else_branch = branch(f"lmk_padded_{index}", [masked], f"{output}_masked")
+            unmasked])
+        else_branch = _float_branch(f"lmk_padded_{index}", [masked])
         replaced[id(attention)] = [helper.make_node("If", [unpadded], [output], name=f"lmk_attention_{index}",
                                                     then_branch=then_branch, else_branch=else_branch)]
         replaced.update({id(node): [] for node in projections})
-    if not attentions:
-        return
     nodes = [new for node in graph.node for new in replaced.get(id(node), [node])]
     nodes[:0] = [
         helper.make_node("ReduceMin", ["attention_mask"], ["lmk_mask_min"], keepdims=0, name="lmk_mask_min"),
@@ -288,6 +278,15 @@ def _attention_by_padding(graph, attentions: list) -> None:
     kept = [tensor for tensor in graph.initializer if tensor.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+
+
+def _float_branch(graph_name: str, nodes: list):
+    """An `If` branch of `nodes` whose last output is the branch's result, every tensor typed float32:
+    the quantiser reads a product's type from value_info to cast it back."""
+    from onnx import TensorProto, helper
+
+    typed = [helper.make_tensor_value_info(tensor, TensorProto.FLOAT, None) for node in nodes for tensor in node.output]
+    return helper.make_graph(nodes, graph_name, [], typed[-1:], value_info=typed[:-1])
 
 
 class _DropMessage(logging.Filter):
