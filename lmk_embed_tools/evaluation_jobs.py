@@ -142,8 +142,9 @@ def genre_split(task: str, args: argparse.Namespace, count_tokens, pages: dict):
 def task_jobs(args: argparse.Namespace, count_tokens) -> list:
     """(task name, max length, RetrievalData) for every --task and --max-lengths: synthetic tasks are
     generated per length, the others are one split read at every length."""
-    from lmk_embed_tools.evaluation.longcontext import RetrievalData, load_beir, load_mteb_task
+    from lmk_embed_tools.evaluation.longcontext import load_beir, load_mteb_task
     from lmk_embed_tools.evaluation.synthetic import haystack_sentences, synthetic_tasks
+    from lmk_embed_tools.retrieval_data import RetrievalData
 
     jobs, genres = [], {}
     for task in args.task:

@@ -18,10 +18,15 @@ ALLOWED_IMPORTS = {
     f"{TOOLS}.compat": {"lmk_embed"},  # the one door into other libraries' internals (the shipped error class)
     f"{TOOLS}.onnx_export": {"lmk_embed", f"{TOOLS}.commandline"},  # writes the graphs the shipped runtime reads
     f"{TOOLS}.model_cards": {"lmk_embed", f"{TOOLS}.commandline"},
-    f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat"},
-    # evaluation: the split type
-    f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.evaluation", f"{TOOLS}.compat", f"{TOOLS}.commandline"},
-    f"{TOOLS}.evaluation_jobs": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "commandline")},
+    # What training and evaluation share: the split type, and the base's window vectors (the windows
+    # baseline of evaluation, the teacher's targets of training).
+    f"{TOOLS}.retrieval_data": set(),
+    f"{TOOLS}.window_vectors": {"lmk_embed"},
+    f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.retrieval_data", f"{TOOLS}.window_vectors"},
+    f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.commandline", f"{TOOLS}.retrieval_data",
+                          f"{TOOLS}.window_vectors"},
+    f"{TOOLS}.evaluation_jobs": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "commandline",
+                                                          "retrieval_data")},
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards", f"{TOOLS}.onnx_export"},
     # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
     f"{TOOLS}.corpus": {f"{TOOLS}.compat", f"{TOOLS}.commandline"},
@@ -31,7 +36,7 @@ ALLOWED_IMPORTS = {
                                               "onnx_export", "demo", "student_demo", "serve")},
     f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline"))},
     f"{TOOLS}.student_demo": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline")},
-    f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation"},
+    f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation", f"{TOOLS}.retrieval_data"},
     "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push",
                                                           "onnx_export", "serve"))},
 }

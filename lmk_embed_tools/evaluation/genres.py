@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from .longcontext import RetrievalData
+from lmk_embed_tools.retrieval_data import RetrievalData
 
 GENRES = ("readme", "book", "notes", "nodeapi")
 WITHOUT_SUBJECTS = ("notes",)  # a release's title is its version number: no natural query

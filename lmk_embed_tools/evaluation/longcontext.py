@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from lmk_embed_tools.retrieval_data import RetrievalData
 
 from .cache import EmbeddingCache
 from .metrics import METRICS, score_run, top_k_run
 
 OUR_MODEL_TYPES = ("lmk_embedder", "recurrent_embedder")
 POOLED = "all tasks, pooled"  # the task of a comparison made over every task's queries together
-
-
-@dataclass(frozen=True)
-class RetrievalData:
-    """One retrieval split, mteb-style: {query id: text}, {document id: text}, {query id: {document id: 1}}.
-    The one split type of the tooling: the corpora's evaluation splits are of this type too."""
-
-    name: str
-    queries: dict[str, str]
-    documents: dict[str, str]
-    relevant: dict[str, dict[str, int]]
-
-    def as_tuple(self):
-        return self.queries, self.documents, self.relevant
 
 
 def evaluate_jobs(retrievers: list, jobs: list[tuple[str, int, object]], cache_dir=None, progress: bool = True,

@@ -16,16 +16,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from lmk_embed.encoding import encode_content, position_table_limit
+from lmk_embed.encoding import position_table_limit
+from lmk_embed_tools.window_vectors import check_first_window_weight, embed_windows, first_weighted_means, normalize
 
 from .cache import EmbeddingCache, cache_key, data_hash, model_hash
 
 FUSIONS = ("rank", "minmax")
 RRF_K = 60  # reciprocal rank fusion's constant, as its authors (Cormack et al., 2009) and most hybrids use
-
-
-def _normalize(vectors: np.ndarray) -> np.ndarray:
-    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
 
 
 def _is_sentence_transformer(model) -> bool:
@@ -90,11 +87,11 @@ class DenseRetriever:
         """[N, D] unit vectors of the documents, from the cache when the same model, settings and data were seen."""
         key = self.corpus_key(documents, max_length)
         length = self.effective_length(max_length)
-        return cache.get_or_compute(key, lambda: _normalize(np.asarray(
+        return cache.get_or_compute(key, lambda: normalize(np.asarray(
             self._encode("encode_document", list(documents.values()), length), dtype=np.float32)))
 
     def query_vectors(self, queries: list[str], max_length: int) -> np.ndarray:
-        return _normalize(np.asarray(self._encode("encode_query", queries, self.effective_length(max_length)), dtype=np.float32))
+        return normalize(np.asarray(self._encode("encode_query", queries, self.effective_length(max_length)), dtype=np.float32))
 
     def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> np.ndarray:
         corpus, query = self.corpus_vectors(documents, max_length, cache), self.query_vectors(queries, max_length)
@@ -158,13 +155,13 @@ def late_interaction_scores(queries: np.ndarray, landmarks: list[np.ndarray], mo
     max: max_i cos(q, l_i); mean: cos(q, mean_i l_i) (single-vector LMK); hybrid: alpha*max + (1-alpha)*mean."""
     if any(len(v) == 0 for v in landmarks):
         raise ValueError("every document needs at least one landmark vector")
-    flat = _normalize(np.concatenate(landmarks))
+    flat = normalize(np.concatenate(landmarks))
     starts = np.cumsum([0] + [len(v) for v in landmarks[:-1]])
     similarity = queries @ flat.T  # [Q, total landmarks]; a document's landmarks are contiguous
     best = np.maximum.reduceat(similarity, starts, axis=1)  # per document, its best landmark
     if mode == "max":
         return best
-    mean = queries @ _normalize(np.stack([v.mean(0) for v in landmarks])).T
+    mean = queries @ normalize(np.stack([v.mean(0) for v in landmarks])).T
     if mode == "mean":
         return mean
     return alpha * best + (1 - alpha) * mean
@@ -192,36 +189,6 @@ def window_content(model, window: int) -> int:
     tokenizer = model.tokenizer
     specials = tokenizer.num_special_tokens_to_add() if _is_sentence_transformer(model) else 2
     return max(window - specials, 1)
-
-
-def window_texts(tokenizer, text: str, content: int, max_length: int | None) -> list[str]:
-    """`text`'s first `max_length` content tokens cut into windows of `content` tokens, each as the
-    characters its tokens cover (a window starts and ends on a token)."""
-    encoding = encode_content(tokenizer, [text])[0]
-    offsets = encoding.offsets[:max_length] if max_length is not None else encoding.offsets
-    pieces = [text[offsets[i][0]:offsets[min(i + content, len(offsets)) - 1][1]]
-              for i in range(0, len(offsets), content)]
-    return pieces or [text]
-
-
-def check_first_window_weight(first_window_weight) -> float:
-    """`first_window_weight` as a float, or a ValueError naming it: a number in [0, 1]."""
-    if isinstance(first_window_weight, bool) or not isinstance(first_window_weight, numbers.Real) \
-            or not 0.0 <= first_window_weight <= 1.0:
-        raise ValueError(f"`first_window_weight` must be a number in [0, 1], got {first_window_weight!r}.")
-    return float(first_window_weight)
-
-
-def first_weighted_means(windows: list[np.ndarray], first_window_weight: float) -> np.ndarray:
-    """Per document its unit window vectors e_1..e_n [n_i, D] -> [N, D] unit vectors
-    normalise(b e_1 + (1 - b) m), m the normalised mean of e_1..e_n and b = `first_window_weight`
-    (already checked): b = 0 is the windows-mean, b = 1 the first window alone."""
-    if any(len(v) == 0 for v in windows):
-        raise ValueError("every document needs at least one window vector")
-    means = _normalize(np.stack([v.mean(0) for v in windows]))
-    if first_window_weight == 0:
-        return means
-    return _normalize(first_window_weight * np.stack([v[0] for v in windows]) + (1 - first_window_weight) * means)
 
 
 class WindowsRetriever(DenseRetriever):
@@ -254,15 +221,10 @@ class WindowsRetriever(DenseRetriever):
         key = self.corpus_key(documents, max_length, windows=True)
         tokenizer, content = self.model.tokenizer, window_content(self.model, self.window)
 
-        def compute():
-            pieces = [window_texts(tokenizer, text, content, max_length) for text in documents.values()]
-            flat = [piece for windows in pieces for piece in windows]
-            # Each window holds `content` tokens: with its special tokens (and landmarks), `window` in all.
-            vectors = _normalize(np.asarray(self._encode("encode_document", flat, self.window), dtype=np.float32))
-            bounds = np.cumsum([0] + [len(windows) for windows in pieces])
-            return [vectors[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-        return cache.get_or_compute(key, compute)
+        # Each window holds `content` tokens: with its special tokens (and landmarks), `window` in all.
+        return cache.get_or_compute(key, lambda: embed_windows(
+            lambda flat: self._encode("encode_document", flat, self.window), tokenizer, list(documents.values()),
+            content, max_length))
 
     def scores(self, queries: list[str], documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> np.ndarray:
         windows = self.window_vectors(documents, max_length, cache)

@@ -208,7 +208,7 @@ def score(out: Path, folder: Path) -> None:
     import numpy as np
 
     from lmk_embed_tools.evaluation.table import evaluate_table, format_table
-    from lmk_embed_tools.evaluation.longcontext import RetrievalData
+    from lmk_embed_tools.retrieval_data import RetrievalData
 
     with lzma.open(folder / "data.json.xz", "rt", encoding="utf-8") as handle:
         data = json.load(handle)

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lmk_embed_tools.evaluation.longcontext import RetrievalData
+from lmk_embed_tools.retrieval_data import RetrievalData
 
 from .stdlib_corpus import import_quietly, render_page, stdlib_module_names, synopsis_of
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lmk_embed_tools.window_vectors import check_first_window_weight, embed_windows, first_weighted_means
+
 # Student sizes, chosen by measurement on 2 CPU cores (docs/recurrent-student.md). The width is the
 # teacher's (384), so its word embeddings carry over; 12 heads of 64 = expand 2 x 384.
 STUDENT_SIZES = {
@@ -199,21 +201,20 @@ def teacher_page_vectors(teacher, texts: list[str], window: int | None = None, b
     `first_window_weight` b (`first_weighted_means`; b = 0, the default, is the windows-mean baseline).
 
     `teacher` is a SentenceTransformer; `window` defaults to its `max_seq_length`."""
-    from lmk_embed_tools.evaluation.retrievers import check_first_window_weight, first_weighted_means, window_texts
-
     first_window_weight = check_first_window_weight(first_window_weight)
     window = int(window or teacher.max_seq_length)
     content = max(window - teacher.tokenizer.num_special_tokens_to_add(), 1)
-    pieces = [window_texts(teacher.tokenizer, text, content, None) for text in texts]
-    flat = [piece for row in pieces for piece in row]
+
+    def encode(flat: list[str]) -> np.ndarray:
+        return teacher.encode(flat, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                              show_progress_bar=len(flat) > 10 * batch_size)
+
     previous, teacher.max_seq_length = teacher.max_seq_length, window
     try:
-        vectors = teacher.encode(flat, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                                 show_progress_bar=len(flat) > 10 * batch_size)
+        windows = embed_windows(encode, teacher.tokenizer, texts, content, None)
     finally:
         teacher.max_seq_length = previous
-    bounds = np.cumsum([0] + [len(row) for row in pieces])
-    return first_weighted_means([vectors[a:b] for a, b in zip(bounds[:-1], bounds[1:])], first_window_weight)
+    return first_weighted_means(windows, first_window_weight)
 
 
 def cut_to_tokens(tokenizer, texts: list[str], max_tokens: int) -> list[str]:

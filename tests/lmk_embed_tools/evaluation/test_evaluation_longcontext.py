@@ -8,10 +8,11 @@ import pytest
 
 from lmk_embed_tools.evaluation.analyses import attention_by_position, binned_attention, landmark_locality, locality_hits
 from lmk_embed_tools.evaluation.cache import EmbeddingCache
-from lmk_embed_tools.evaluation.longcontext import RetrievalData, evaluate_jobs
+from lmk_embed_tools.evaluation.longcontext import evaluate_jobs
 from lmk_embed_tools.evaluation.metrics import score_run
 from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever, late_interaction_scores
 from lmk_embed_tools.evaluation.synthetic import NEEDLES, haystack_sentences, needle_task, passkey_task, token_counter
+from lmk_embed_tools.retrieval_data import RetrievalData
 from tests import helpers
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from lmk_embed_tools.evaluation.cache import EmbeddingCache
-from lmk_embed_tools.evaluation.retrievers import (WindowsRetriever, check_first_window_weight, first_weighted_means,
-                                                   window_content, window_texts)
+from lmk_embed_tools.evaluation.retrievers import WindowsRetriever, window_content
+from lmk_embed_tools.window_vectors import check_first_window_weight, first_weighted_means, window_texts
 from tests import helpers
 
 
