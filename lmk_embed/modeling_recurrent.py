@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .compat import cache_keyword, carried_cache, check_backbone_internals
+from .compat import (Mamba2MixerParts, NormParts, cache_keyword, carried_cache, check_backbone_internals, mamba2_parts,
+                     new_xlstm_cache, select_xlstm_cache_rows)
 from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
 from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
@@ -81,8 +82,7 @@ class XlstmState:
     cache: object  # xLSTMCache, imported lazily with the xLSTM model
 
     def select(self, rows: torch.Tensor) -> "XlstmState":
-        # `rnn_state` is the cache's public per-layer store; it has no method to drop batch rows.
-        self.cache.rnn_state = {layer: tuple(t[rows] for t in states) for layer, states in self.cache.rnn_state.items()}
+        self.cache = select_xlstm_cache_rows(self.cache, rows)
         return self
 
 
@@ -127,13 +127,13 @@ def causal_conv_with_state(inputs, weight, bias, state):
     return out, padded[:, t:].transpose(1, 2).clone()  # a copy: a view would keep `padded` alive
 
 
-def rms_norm(norm, hidden, gate=None):
+def rms_norm(norm: NormParts, hidden, gate=None):
     """transformers' Mamba2 RMSNorm (gate None) or gated RMSNorm (`norm(hidden, gate)`, normalised per
     group of `norm.group_size`), with torch's fused `rms_norm` (one pass instead of five).
 
     hidden [b, t, width], gate [b, t, width] or None -> [b, t, width]. As transformers does: float32
     inside, then cast back to hidden's dtype and times the weight (float32 throughout: the fused
-    weighted form). Every attribute read here is in compat's `BACKBONE_INTERNALS`, checked at load.
+    weighted form).
     """
     dtype = hidden.dtype
     hidden = hidden.float()
@@ -143,12 +143,12 @@ def rms_norm(norm, hidden, gate=None):
         hidden = hidden * F.silu(gate.float())
         group = norm.group_size  # only the gated norm has groups
     if group == width and dtype == norm.weight.dtype == torch.float32:
-        return F.rms_norm(hidden, (width,), norm.weight, norm.variance_epsilon)
-    normed = F.rms_norm(hidden.unflatten(-1, (width // group, group)), (group,), None, norm.variance_epsilon)
+        return F.rms_norm(hidden, (width,), norm.weight, norm.eps)
+    normed = F.rms_norm(hidden.unflatten(-1, (width // group, group)), (group,), None, norm.eps)
     return norm.weight * normed.flatten(-2).to(dtype)
 
 
-def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chunk_size: int):
+def mamba2_mixer_step(mixer: Mamba2MixerParts, hidden_states, state: Mamba2LayerState | None, chunk_size: int):
     """One Mamba2 mixer over a block hidden_states [b, t, d] from `state` (None: zeros)
     -> (output [b, t, d], Mamba2LayerState after the block).
 
@@ -160,7 +160,7 @@ def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chun
     dtype = hidden_states.dtype
     projected = mixer.in_proj(hidden_states)
     gate, xBC, dt = projected.split([mixer.intermediate_size, mixer.conv_dim, mixer.num_heads], dim=-1)
-    xBC, conv_state = causal_conv_with_state(xBC, mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, conv_state)
+    xBC, conv_state = causal_conv_with_state(xBC, mixer.conv_weight, mixer.conv_bias, conv_state)
     xBC = mixer.act(xBC)
     groups_state = mixer.n_groups * mixer.ssm_state_size
     x, B, C = xBC.split([mixer.intermediate_size, groups_state, groups_state], dim=-1)
@@ -172,23 +172,6 @@ def mamba2_mixer_step(mixer, hidden_states, state: Mamba2LayerState | None, chun
                             kernel_chunk_size=mixer.chunk_size, initial_state=ssm_state)
     y = rms_norm(mixer.norm, y.reshape(b, t, -1), gate)
     return mixer.out_proj(y.to(dtype)), Mamba2LayerState(conv_state, ssm_state)
-
-
-# ---- carrying state through other backbones' own caches ---------------------------------------
-
-
-def _new_xlstm_cache(backbone, batch_size: int, like: torch.Tensor):
-    """An xLSTM cache with the layers' real head sizes. transformers sizes it from the config,
-    which rounds qk/v dims up to multiples of 64 and crashes for e.g. qk_dim_factor=0.5."""
-    from transformers.models.xlstm.modeling_xlstm import xLSTMCache
-
-    config = backbone.config
-    cache = xLSTMCache(config, batch_size, dtype=torch.float32, device=like.device)
-    layer = backbone.blocks[0].mlstm_layer
-    qk, v = layer.qk_dim // config.num_heads, layer.v_dim // config.num_heads
-    zeros = lambda *shape: torch.zeros(batch_size, config.num_heads, *shape, device=like.device)  # noqa: E731
-    cache.rnn_state = {i: (zeros(qk, v), zeros(qk), zeros(1)) for i in range(config.num_hidden_layers)}
-    return cache
 
 
 # ---- one interface for every backbone whose state is carried ----------------------------------
@@ -229,7 +212,7 @@ class Mamba2Carrier(StateCarrier):
 
     @staticmethod
     def block_step(model, input_ids, state: Mamba2State | None):
-        backbone = model.backbone
+        backbone = mamba2_parts(model.backbone)
         hidden = backbone.embeddings(input_ids)
         layer_states = [None] * len(backbone.layers) if state is None else state.layers
         new_states = []
@@ -256,7 +239,7 @@ class XlstmCarrier(StateCarrier):
     @staticmethod
     def block_step(model, input_ids, state: XlstmState | None):
         backbone = model.backbone
-        cache = _new_xlstm_cache(backbone, input_ids.shape[0], input_ids) if state is None else state.cache
+        cache = new_xlstm_cache(backbone, input_ids.shape[0], input_ids.device) if state is None else state.cache
         output = backbone(input_ids=input_ids, use_cache=True, **{cache_keyword(backbone.forward): cache})
         return output.last_hidden_state, XlstmState(carried_cache(output, type(cache)))
 

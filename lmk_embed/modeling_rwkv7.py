@@ -3,8 +3,8 @@
 flash-linear-attention (`fla`) holds the RWKV-7 model the recurrent-embedding paper used, but its
 forward is Triton kernels only, which need a GPU. This module runs the same model with torch ops,
 on any device, one block of tokens at a time from a carried per-layer state, which is what the
-vertical schedule and streaming need. It reads the parameters of fla's modules and never calls
-their forward. The recurrence (`wkv7_recurrence`) is written once, per token.
+vertical schedule and streaming need. It reads the parameters of fla's modules, through
+`compat.rwkv7_parts`, and never calls their forward. The recurrence (`wkv7_recurrence`) is written once, per token.
 
 Per layer (fla's `RWKV7Block`):
     x = pre_norm(x)                       (layer 0, when `norm_first`)
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .compat import NormParts, Rwkv7AttentionParts, Rwkv7FeedForwardParts, rwkv7_parts
 
 # RWKV-7's decay bound: w = -exp(-0.5) * sigmoid(.), so exp(w) lies in (0.545, 1).
 DECAY_SCALE = -0.6065306597126334
@@ -80,9 +82,9 @@ def token_shift(x, previous):
     return shifted - x, x[:, -1]
 
 
-def _layer_norm(module, x):
+def _layer_norm(norm: NormParts, x):
     """fla's LayerNorm (fused or torch) as plain torch: its weight, bias and eps."""
-    return F.layer_norm(x, x.shape[-1:], module.weight, module.bias, module.eps)
+    return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps)
 
 
 def _l2_normalize(x, fused: bool):
@@ -91,15 +93,15 @@ def _l2_normalize(x, fused: bool):
     return F.normalize(x, dim=-1, p=2.0)
 
 
-def time_mix(attn, x, v_first, shift, wkv):
+def time_mix(attn: Rwkv7AttentionParts, x, v_first, shift, wkv):
     """fla's `RWKV7Attention` forward. x [B, T, D] (after attn_norm), v_first [B, T, value_dim] or None
     (layer 0 makes it) -> (output [B, T, D], v_first, new shift [B, D], new wkv state)."""
     batch, steps, _ = x.shape
     delta, shift = token_shift(x, shift)
-    xr, xw, xk, xv, xa, xg = (x + delta * mix for mix in (attn.x_r, attn.x_w, attn.x_k, attn.x_v, attn.x_a, attn.x_g))
+    xr, xw, xk, xv, xa, xg = (x + delta * mix for mix in attn.mixes)
     r, k, v = attn.r_proj(xr), attn.k_proj(xk), attn.v_proj(xv)
     w = DECAY_SCALE * torch.sigmoid(attn.w_lora(xw))
-    if attn.layer_idx == 0:
+    if attn.first_layer:
         v_first = v
     else:
         v = torch.lerp(v, v_first, torch.sigmoid(attn.v_lora(xv)))
@@ -119,7 +121,7 @@ def time_mix(attn, x, v_first, shift, wkv):
     return attn.o_proj(o), v_first, shift, wkv
 
 
-def channel_mix(ffn, x, shift):
+def channel_mix(ffn: Rwkv7FeedForwardParts, x, shift):
     """fla's `RWKV7FeedForward`: x [B, T, D] (after ffn_norm) -> (output [B, T, D], new shift [B, D])."""
     delta, shift = token_shift(x, shift)
     return ffn.value(torch.relu(ffn.key(x + delta * ffn.x_k)) ** 2), shift
@@ -128,13 +130,14 @@ def channel_mix(ffn, x, shift):
 def rwkv7_block_step(backbone, input_ids, state: Rwkv7State | None):
     """One block input_ids [B, T] through fla's `RWKV7Model` from `state` (None: the start)
     -> (final hidden states [B, T, D], the state after the block)."""
+    backbone = rwkv7_parts(backbone)
     hidden = backbone.embeddings(input_ids)
     previous = [None] * len(backbone.layers) if state is None else state.layers
     v_first, new_states = None, []
     for layer, layer_state in zip(backbone.layers, previous):
         attn_shift, wkv, ffn_shift = (None, None, None) if layer_state is None else (
             layer_state.attn_shift, layer_state.wkv, layer_state.ffn_shift)
-        if hasattr(layer, "pre_norm"):
+        if layer.pre_norm is not None:
             hidden = _layer_norm(layer.pre_norm, hidden)
         mixed, v_first, attn_shift, wkv = time_mix(layer.attn, _layer_norm(layer.attn_norm, hidden), v_first, attn_shift, wkv)
         hidden = hidden + mixed

@@ -12,14 +12,14 @@ from __future__ import annotations
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from lmk_embed.compat import UntestedVersionError  # one error class for every version guard
+from lmk_embed.compat import TESTED_TRANSFORMERS, UntestedVersionError, tested_spec  # one error class, one range
 
 # The versions each library's reach below was tested with.
 TESTED = {
     "mteb": SpecifierSet(">=2,<3"),
     "datasets": SpecifierSet(">=4,<6"),  # the train / scale extras need datasets>=4; 5.2.0 is pinned
     "sentence_transformers": SpecifierSet(">=6,<7"),
-    "transformers": SpecifierSet(">=5.23,<6"),
+    "transformers": SpecifierSet(tested_spec(TESTED_TRANSFORMERS)),  # the shipped code's range, written once there
 }
 
 

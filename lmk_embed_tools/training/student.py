@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lmk_embed.compat import mamba2_parts
 from lmk_embed_tools.window_vectors import check_first_window_weight, embed_windows, first_weighted_means
 
 # Student sizes, chosen by measurement on 2 CPU cores (docs/recurrent-student.md). The width is the
@@ -102,7 +103,8 @@ def static_bag_student(student, static: torch.Tensor, weights: torch.Tensor, eos
     """
     width = student.config.hidden_size
     content = width - 2
-    mixer = student.layers[0].mixer
+    layers = mamba2_parts(student).layers
+    mixer = layers[0].mixer
     inner = mixer.intermediate_size
     if inner < 2 * content:
         raise ValueError(f"A static bag needs an inner width of at least {2 * content} (2 x (D-2)), got {inner}.")
@@ -124,11 +126,11 @@ def static_bag_student(student, static: torch.Tensor, weights: torch.Tensor, eos
         in_proj[inner + content + channels, channels] = -BAG_INPUT
         in_proj[inner + mixer.conv_dim:, content] = BAG_DT_SLOPE
         mixer.in_proj.weight.copy_(in_proj)
-        conv = torch.zeros_like(mixer.conv1d.weight)
-        conv[:, 0, -1] = 1.0                                               # the current token alone
-        mixer.conv1d.weight.copy_(conv)
-        mixer.conv1d.bias.zero_()
-        mixer.conv1d.bias[inner:] = 2.0                                    # B = C = silu(2), constant
+        conv = torch.zeros_like(mixer.conv_weight)                          # [channels, k], a view of the weight
+        conv[:, -1] = 1.0                                                  # the current token alone
+        mixer.conv_weight.copy_(conv)
+        mixer.conv_bias.zero_()
+        mixer.conv_bias[inner:] = 2.0                                      # B = C = silu(2), constant
         mixer.dt_bias.fill_(math.log(BAG_DT_BASE))
         mixer.A_log.fill_(math.log(BAG_DECAY))
         mixer.D.zero_()
@@ -140,7 +142,7 @@ def static_bag_student(student, static: torch.Tensor, weights: torch.Tensor, eos
         out_proj[channels, channels] = scale
         out_proj[channels, content + channels] = -scale
         mixer.out_proj.weight.copy_(out_proj)
-        for layer in student.layers[1:]:
+        for layer in layers[1:]:
             layer.mixer.out_proj.weight.zero_()
 
 
@@ -174,7 +176,7 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "static
     with torch.no_grad():
         # mamba_ssm scales each residual projection by 1/sqrt(layers). Done here, not by the config's
         # `rescale_prenorm_residual`: transformers 5 applies that flag again to weights it loads.
-        for layer in student.layers:
+        for layer in mamba2_parts(student).layers:
             layer.mixer.out_proj.weight /= math.sqrt(num_hidden_layers)
         if init == "teacher-embeddings":
             student.get_input_embeddings().weight.copy_(teacher_model[0].auto_model.get_input_embeddings().weight)

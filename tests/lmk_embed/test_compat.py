@@ -100,39 +100,27 @@ def test_a_missing_internal_fails_at_load_naming_library_version_and_attribute(m
         RecurrentEmbedModel.from_pretrained(mamba2_checkpoint)
 
 
-# ---- every foreign attribute the recurrent block steps read goes through the adapter's check ----------
+# ---- every foreign attribute the recurrent block steps read goes through the adapters ----------------
+
+MODEL_FILES = ("modeling_recurrent.py", "modeling_rwkv7.py", "ssd.py")
 
 
-def _declared(model_type: str) -> set[tuple[str, str]]:
-    """(module path, attribute) pairs `check_backbone_internals` checks for `model_type`: each listed
-    attribute, and each step of the walk to a listed module (`layers[0].mixer` checks `layers`, `mixer`)."""
-    _, paths = compat.BACKBONE_INTERNALS[model_type]
-    pairs = set()
-    for path, names in paths.items():
-        pairs |= {(path, name) for name in names}
-        parts = path.split(".") if path else []
-        pairs |= {(".".join(parts[:i]), part.split("[")[0]) for i, part in enumerate(parts)}
-    return pairs
-
-
-def _reads_while(backbone, run) -> set[tuple[str, str]]:
-    """(module path, attribute) pairs that the shipped recurrent files read from `backbone`'s modules
-    while `run()` runs (layer indices as `[0]`; reads by torch or by the library itself not counted,
-    nor nn.Module's / PreTrainedModel's public API)."""
-    import re
+def _reads_while(backbone, run, files: tuple[str, ...]) -> set[tuple[str, str]]:
+    """(module path, attribute) pairs that code in `files` reads from `backbone`'s modules while `run()`
+    runs (layer indices as `[0]`; reads by torch or by the library itself not counted, nor
+    nn.Module's / PreTrainedModel's public API)."""
     import sys
 
     import torch
     from transformers import PreTrainedModel
 
-    paths = {id(module): re.sub(r"\.\d+(?=\.|$)", "[0]", name) for name, module in backbone.named_modules()}
+    paths = {id(module): re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", name) for name, module in backbone.named_modules()}
     reads, tracked = set(), {}
 
     def tracking_class(cls):
         def __getattribute__(self, name):
             caller = sys._getframe(1).f_code.co_filename
-            if caller.endswith(("modeling_recurrent.py", "modeling_rwkv7.py")) and not (
-                    hasattr(torch.nn.Module, name) or hasattr(PreTrainedModel, name)):
+            if caller.endswith(files) and not (hasattr(torch.nn.Module, name) or hasattr(PreTrainedModel, name)):
                 reads.add((paths[id(self)], name))
             return cls.__getattribute__(self, name)
 
@@ -161,53 +149,80 @@ def _xlstm_embedder():
     return RecurrentEmbedModel(RecurrentEmbedConfig(backbone_config=backbone.to_dict(), block_size=8)).eval()
 
 
+def _rwkv7_backbone():
+    from tests.lmk_embed.test_rwkv7 import fla_rwkv7, randomize, tiny_rwkv7_config
+
+    if fla_rwkv7 is None:
+        pytest.skip("RWKV-7 needs the `rwkv7` extra (flash-linear-attention), which failed to import here")
+    return randomize(fla_rwkv7.RWKV7Model(tiny_rwkv7_config(norm_first=True))).eval()
+
+
 @pytest.fixture(scope="module")
-def embedders(mamba2_checkpoint):
-    from lmk_embed import RecurrentEmbedModel
-
-    return {"mamba2": RecurrentEmbedModel.from_pretrained(mamba2_checkpoint).eval(), "xlstm": _xlstm_embedder()}
-
-
-@pytest.mark.parametrize("model_type", ["mamba2", "xlstm"])
-def test_every_attribute_the_block_step_reads_is_checked_at_load(model_type, embedders):
-    """The vertical schedule's reads of the backbone's modules, recorded, are all in the adapter's list:
-    none is read around it (as the gated norm's `group_size` once was, with a silent default)."""
+def backbones(mamba2_checkpoint):
+    """Per adapted model type: (backbone, a vertical block step through the model files)."""
     import torch
 
-    model = embedders[model_type]
+    from lmk_embed import RecurrentEmbedModel
+    from lmk_embed.modeling_rwkv7 import rwkv7_block_step
+
     ids = torch.randint(3, 60, (2, 21))
-    mask = torch.ones_like(ids)
+    embedders = {"mamba2": RecurrentEmbedModel.from_pretrained(mamba2_checkpoint).eval(), "xlstm": _xlstm_embedder()}
+    steps = {name: (model.backbone, lambda m=model: m(ids, torch.ones_like(ids), schedule="vertical", block_size=8))
+             for name, model in embedders.items()}
+    try:
+        rwkv7 = _rwkv7_backbone()
+        steps["rwkv7"] = (rwkv7, lambda: rwkv7_block_step(rwkv7, ids, None))
+    except pytest.skip.Exception:
+        pass
+    return steps
+
+
+@pytest.mark.parametrize("model_type", sorted(compat.BACKBONE_ADAPTERS))
+def test_the_model_files_read_no_attribute_of_a_backbone_module(model_type, backbones):
+    """The layout rule, checked on a real block step: the model files read the backbone's modules only
+    through compat's adapter, so a renamed attribute can only be missed there."""
+    import torch
+
+    if model_type not in backbones:
+        pytest.skip("RWKV-7 needs the `rwkv7` extra (flash-linear-attention), which failed to import here")
+    backbone, step = backbones[model_type]
     with torch.no_grad():
-        reads = _reads_while(model.backbone, lambda: model(ids, mask, schedule="vertical", block_size=8))
-    assert reads, "nothing recorded: the recorder is broken"
-    assert reads <= _declared(model_type), sorted(reads - _declared(model_type))
+        assert not _reads_while(backbone, step, MODEL_FILES)
+        adapter_reads = _reads_while(backbone, step, ("compat.py",))
+    assert adapter_reads, "nothing recorded: the recorder is broken"
 
 
-@pytest.mark.parametrize("model_type", ["mamba2", "xlstm"])
-def test_each_attribute_renamed_is_refused_naming_library_version_and_attribute(model_type, embedders):
-    import transformers
-
-    backbone = embedders[model_type].backbone
-    _, paths = compat.BACKBONE_INTERNALS[model_type]
-    checked = 0
-    for path, names in paths.items():
-        module = compat._walk(backbone, path)
-        for name in names:
-            value = getattr(module, name)
-            delattr(module, name)  # as a release that renamed it: the value lives on under another name
-            object.__setattr__(module, f"renamed_{name}", value)
-            try:
-                where = f"{path}.{name}" if path else name
-                with pytest.raises(compat.MissingInternalError,
-                                   match=rf"reads `{re.escape(where)}` of {type(backbone).__name__}, which transformers "
-                                         rf"{re.escape(transformers.__version__)} does not have"):
-                    compat.check_backbone_internals(model_type, backbone)
-            finally:
-                object.__delattr__(module, f"renamed_{name}")
-                setattr(module, name, value)
-            checked += 1
+@pytest.mark.parametrize("model_type", sorted(compat.BACKBONE_ADAPTERS))
+def test_each_attribute_an_adapter_reads_renamed_is_refused_naming_library_version_and_attribute(model_type, backbones):
+    """Every attribute the adapter reads (recorded, not listed by hand), renamed on the first layer as
+    a release that renamed it would, fails the load check with one message naming it."""
+    if model_type not in backbones:
+        pytest.skip("RWKV-7 needs the `rwkv7` extra (flash-linear-attention), which failed to import here")
+    backbone, _ = backbones[model_type]
+    library = {"rwkv7": "fla"}.get(model_type, "transformers")
+    version = compat._library_version(library)
+    reads = _reads_while(backbone, lambda: compat.check_backbone_internals(model_type, backbone), ("compat.py",))
+    first = {}  # per attribute of any layer, its read on the first layer that has it (RWKV-7's `v_lora`: layer 1)
+    for path, name in sorted(reads, key=lambda read: [int(i) for i in re.findall(r"\[(\d+)\]", read[0])]):
+        first.setdefault((re.sub(r"\[\d+\]", "[i]", path), name), (path, name))
+    first = set(first.values())
+    assert len(first) >= {"mamba2": 25, "xlstm": 5, "rwkv7": 50}[model_type], sorted(first)
+    modules = dict(backbone.named_modules())
+    for path, name in sorted(first):
+        module = modules[re.sub(r"\[(\d+)\]", r".\1", path)]
+        value = getattr(module, name)
+        delattr(module, name)  # as a release that renamed it: the value lives on under another name
+        object.__setattr__(module, f"renamed_{name}", value)
+        try:
+            where = f"{path}.{name}" if path else name
+            with pytest.raises(compat.MissingInternalError,
+                               match=rf"reads `{re.escape(where)}` of {type(backbone).__name__}, which {library} "
+                                     rf"{re.escape(version)} does not have"):
+                compat.check_backbone_internals(model_type, backbone)
+        finally:
+            object.__delattr__(module, f"renamed_{name}")
+            setattr(module, name, value)
     compat.check_backbone_internals(model_type, backbone)  # all restored
-    assert checked == sum(len(names) for names in paths.values())
 
 
 def test_a_gated_norm_storing_its_groups_under_another_name_fails_at_load(mamba2_checkpoint, monkeypatch):
