@@ -108,6 +108,13 @@ def position_table_limit(backbone: torch.nn.Module) -> int | None:
     return None
 
 
+def check_prompt(prompt) -> str | None:
+    """`prompt` unchanged, or a TypeError naming it: a string or None."""
+    if prompt is not None and not isinstance(prompt, str):
+        raise TypeError(f"`prompt` must be a string or None, got {type(prompt).__name__}.")
+    return prompt
+
+
 def check_choice(name: str, value, choices) -> str:
     """Return `value` if it is one of `choices`, or raise naming the argument."""
     if value not in choices:
@@ -534,26 +541,23 @@ class EncoderMixin:
     def _run_encode(
         self,
         texts,
+        request,
         *,
         batch_size: int,
         normalize: bool | None,
-        prompt: str | None,
         show_progress_bar: bool | None,
         convert_to_tensor: bool,
         device,
-        output_value: str,
-        options: dict,
     ):
-        """Encode `texts` and return `[N, D]` float32 (numpy, or a tensor), `[D]` for one text.
+        """Encode `texts` with the options of `request` (what the family's `resolve` made of the call)
+        and return `[N, D]` float32 (numpy, or a tensor), `[D]` for one text.
 
         `output_value="landmarks"` returns, per text, `{"embeddings": [n_i, D], "spans": [(start, end), ...]}`.
         """
         is_single, items = _as_batch(texts, allow_streams=self.supports_streaming)
         batch_size = check_positive_int("batch_size", batch_size)
-        if prompt is not None and not isinstance(prompt, str):
-            raise TypeError(f"`prompt` must be a string or None, got {type(prompt).__name__}.")
         normalize = bool(self.config.normalize if normalize is None else normalize)
-        request = self.resolve(prompt=prompt, output_value=output_value, **options)
+        output_value = request.output_value
         num_truncated = 0
         if device is not None:
             self.to(device)

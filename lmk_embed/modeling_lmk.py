@@ -26,7 +26,7 @@ from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, LONG_INPUTS, SPLITTERS, LMKConfig
-from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
+from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int, check_prompt
 # onnx_backend.py imports no model file, so nothing circles back; this import also ships it in every checkpoint.
 from .onnx_backend import OnnxGraph, load_onnx_model
 from .tokenization_lmk import LayoutOptions, LMKTokenizer, cut_windows
@@ -373,6 +373,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         one pass refuses a `window_length`.
         """
         config = self.config
+        check_prompt(prompt)
         check_choice("output_value", output_value, self.output_values)
         splitter = check_choice("splitter", config.splitter if splitter is None else splitter, SPLITTERS)
         # Training reads one pass unless the call asks for windows (a long-page recipe trains in its schedule).
@@ -473,18 +474,10 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         landmark and the character span of the chunk it closes (chunk vectors from one pass).
         `long_input` ("one-pass" or "windows") and `window_length` override the config (see `resolve`).
         """
-        return self._run_encode(
-            texts,
-            batch_size=batch_size,
-            normalize=normalize,
-            prompt=prompt,
-            show_progress_bar=show_progress_bar,
-            convert_to_tensor=convert_to_tensor,
-            device=device,
-            output_value=output_value,
-            options={"max_length": max_length, "granularity": granularity, "splitter": splitter,
-                     "long_input": long_input, "window_length": window_length},
-        )
+        request = self.resolve(max_length=max_length, granularity=granularity, splitter=splitter, long_input=long_input,
+                               window_length=window_length, prompt=prompt, output_value=output_value)
+        return self._run_encode(texts, request, batch_size=batch_size, normalize=normalize,
+                                show_progress_bar=show_progress_bar, convert_to_tensor=convert_to_tensor, device=device)
 
     def sentence_transformers_prompts(self) -> dict[str, str]:
         """The prompts written to config_sentence_transformers.json."""

@@ -34,7 +34,7 @@ from transformers.utils import ModelOutput
 from .compat import (Mamba2MixerParts, NormParts, cache_keyword, carried_cache, check_backbone_internals, mamba2_parts,
                      new_xlstm_cache, select_xlstm_cache_rows)
 from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
-from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int
+from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int, check_prompt
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
 from .ssd import mamba_chunk_scan_combined  # noqa: F401 - read by benchmarks/gpu_recurrent.py
 from .ssd import ssd_scan
@@ -297,15 +297,35 @@ class RecurrentOutput(ModelOutput):
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """A call's schedule, defaulted from the config and checked once (`RecurrentEmbedModel.resolve_schedule`).
+
+    `name` is "horizontal", "vertical" or "auto", and `block_size` (V) an int or "auto": an "auto" is
+    what each batch decides (`for_batch`), from its longest input and its size. `asked` is the name
+    the call gave itself (None: the config's), since only an asked "horizontal" refuses to stream."""
+
+    name: str
+    block_size: int | str
+    asked: str | None = None
+
+    def for_batch(self, model: "RecurrentEmbedModel", longest: int, batch_size: int) -> tuple[str, int]:
+        """(schedule, V) for one batch of `batch_size` inputs whose longest has `longest` tokens."""
+        block_size = self.block_size if self.block_size != AUTO else model.auto_block_size(batch_size)
+        name, carrier = self.name, model.state_carrier
+        if name == "auto":
+            fits = longest <= block_size and not (carrier is not None and carrier.prefers_own_step(model.device))
+            name = "horizontal" if fits or carrier is None else "vertical"
+        return name, block_size
+
+
+@dataclass(frozen=True)
 class RecurrentRequest:
-    """One call's options, resolved once by `RecurrentEmbedModel.resolve`; `schedule` / `block_size`
-    may still be "auto" (resolved per batch in `forward`)."""
+    """One call's options, resolved once by `RecurrentEmbedModel.resolve`."""
 
     prompt: str | None
     output_value: str
     max_length: int | None
-    schedule: str | None
-    block_size: int | str | None
+    schedule: Schedule
 
 
 class RecurrentEmbedPreTrainedModel(PreTrainedModel):
@@ -345,44 +365,58 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     # ---- schedules ----------------------------------------------------------------------------
 
-    def resolve_block_size(self, block_size: int | str | None, batch_size: int = 1) -> int:
-        """V for this call: an explicit integer wins; "auto" (the config default) asks
-        `auto_block_size` for this device, the backbone's width and the batch."""
-        block_size = self.config.block_size if block_size is None else block_size
-        if block_size != AUTO:
-            return check_positive_int("block_size", block_size)
+    def auto_block_size(self, batch_size: int = 1) -> int:
+        """The "auto" V: `auto_block_size` for this device, the backbone's width and `batch_size`."""
         backbone = self.config.backbone_config
         return auto_block_size(self.device.type, int(backbone.hidden_size), batch_size, int(getattr(backbone, "chunk_size", 256)))
 
-    def resolve_schedule(self, schedule: str | None, block_size: int | str | None, longest: int,
-                         batch_size: int = 1) -> tuple[str, int]:
-        """Check the schedule / V and turn `auto` into horizontal or vertical (see the module docstring),
-        and V into an int."""
-        schedule = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
-        block_size = self.resolve_block_size(block_size, batch_size)
-        carrier = self.state_carrier
-        if schedule == "auto":
-            fits = longest <= block_size and not (carrier is not None and carrier.prefers_own_step(self.device))
-            schedule = "horizontal" if fits or carrier is None else "vertical"
-        if schedule == "vertical" and carrier is None:
+    def resolve_block_size(self, block_size: int | str | None, batch_size: int = 1) -> int:
+        """V for a batch of `batch_size`: an explicit integer wins; "auto" (the config default) asks
+        `auto_block_size`."""
+        block_size = self._checked_block_size(block_size)
+        return self.auto_block_size(batch_size) if block_size == AUTO else block_size
+
+    def _checked_block_size(self, block_size: int | str | None) -> int | str:
+        """V defaulted from the config and checked: a positive int, or "auto"."""
+        block_size = self.config.block_size if block_size is None else block_size
+        return block_size if block_size == AUTO else check_positive_int("block_size", block_size)
+
+    def resolve_schedule(self, schedule: str | None, block_size: int | str | None) -> Schedule:
+        """The one place the schedule and V are defaulted (from the config) and checked (see the module
+        docstring); an "auto" stays for each batch to decide (`Schedule.for_batch`)."""
+        name = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
+        block_size = self._checked_block_size(block_size)
+        if name == "vertical":
+            self._require_state_carrier("schedule='vertical'")
+        return Schedule(name, block_size, schedule)
+
+    def _require_state_carrier(self, what: str) -> type[StateCarrier]:
+        if self.state_carrier is None:
             raise ValueError(
-                f"schedule='vertical' needs a backbone that carries recurrent state between blocks "
+                f"{what} needs a backbone that carries recurrent state between blocks "
                 f"({sorted(STATE_CARRIERS)}); {self.config.backbone_config.model_type!r} cannot. Use 'horizontal'."
             )
-        return schedule, block_size
+        return self.state_carrier
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        schedule: str | None = None,
+        schedule: str | Schedule | None = None,
         block_size: int | str | None = None,
     ) -> RecurrentOutput:
         """input_ids / attention_mask [B, T] -> RecurrentOutput(embeddings [B, D]).
 
         Padding may be on either side: positions where `attention_mask` is 0 are left out, and each
-        row is pooled at its last real token (its EOS). Unknown arguments raise a TypeError.
+        row is pooled at its last real token (its EOS). `schedule` and `block_size` as in `encode()`,
+        or `schedule` a `Schedule` that `resolve` made (then no `block_size`). Unknown arguments
+        raise a TypeError.
         """
+        if isinstance(schedule, Schedule):
+            if block_size is not None:
+                raise ValueError("`block_size` is part of a resolved `Schedule`: pass one or the other.")
+        else:
+            schedule = self.resolve_schedule(schedule, block_size)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if attention_mask.shape != input_ids.shape:
@@ -394,7 +428,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
             raise ValueError("Every input needs at least one token (its EOS); found an empty row.")
         input_ids = _real_tokens_first(input_ids, attention_mask.bool(), lengths)
         longest = int(lengths.max())
-        schedule, block_size = self.resolve_schedule(schedule, block_size, longest, batch_size=input_ids.shape[0])
+        schedule, block_size = schedule.for_batch(self, longest, input_ids.shape[0])
         input_ids = input_ids[:, :longest]
         carrier = self.state_carrier
         if schedule == "horizontal" and carrier is not None and not carrier.backbone_forward_runs_on(input_ids.device):
@@ -480,17 +514,10 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
                         f"`texts[{index}]` is an iterator ({type(item).__name__}); `texts` holds whole texts. "
                         "To embed one document given in pieces, use `encode_stream(pieces)`."
                     )
-        return self._run_encode(
-            texts,
-            batch_size=batch_size,
-            normalize=normalize,
-            prompt=prompt,
-            show_progress_bar=show_progress_bar,
-            convert_to_tensor=convert_to_tensor,
-            device=device,
-            output_value=output_value,
-            options={"max_length": max_length, "schedule": schedule, "block_size": block_size},
-        )
+        request = self.resolve(prompt=prompt, output_value=output_value, max_length=max_length, schedule=schedule,
+                               block_size=block_size)
+        return self._run_encode(texts, request, batch_size=batch_size, normalize=normalize,
+                                show_progress_bar=show_progress_bar, convert_to_tensor=convert_to_tensor, device=device)
 
     def encode_stream(
         self,
@@ -516,17 +543,9 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
                 f"`pieces` must be an iterable of strings or a pathlib.Path, got {type(pieces).__name__}."
             )
         source = pieces if isinstance(pieces, os.PathLike) else iter(pieces)
-        return self._run_encode(
-            source,
-            batch_size=1,
-            normalize=normalize,
-            prompt=prompt,
-            show_progress_bar=False,
-            convert_to_tensor=convert_to_tensor,
-            device=device,
-            output_value="embedding",
-            options={"max_length": max_length, "schedule": "vertical", "block_size": block_size},
-        )
+        request = self.resolve(prompt=prompt, max_length=max_length, schedule="vertical", block_size=block_size)
+        return self._run_encode(source, request, batch_size=1, normalize=normalize,
+                                show_progress_bar=False, convert_to_tensor=convert_to_tensor, device=device)
 
     def encode_query(self, queries, task: str | None = None, **kwargs):
         """`encode` with the instruction `Instruct: {task}\\nQuery: ` (task: `config.default_task`)."""
@@ -540,27 +559,29 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
                 schedule: str | None = None, block_size: int | str | None = None) -> "RecurrentRequest":
         """The one place a call's options are defaulted (from the config) and checked. `auto` schedules
         are turned into horizontal or vertical per batch, in `forward`, where the batch's length is known."""
+        check_prompt(prompt)
         check_choice("output_value", output_value, self.output_values)
-        self.resolve_schedule(schedule, block_size, longest=0)  # validates the schedule and V
+        schedule = self.resolve_schedule(schedule, block_size)
         self.tokenizer.check_max_length(max_length)
         _ = self.tokenizer.eos_id  # a tokenizer without EOS fails here, clearly
         name = "max_length" if max_length is not None else "config.max_length"
         max_length = self.config.max_length if max_length is None else max_length
         check_position_limit(name, max_length, self.max_positions())
-        return RecurrentRequest(prompt, output_value, max_length, schedule, block_size)
+        return RecurrentRequest(prompt, output_value, max_length, schedule)
 
     def _embed_texts(self, texts: list[str], request: "RecurrentRequest") -> tuple[torch.Tensor, int]:
         batch = self.tokenizer.build_batch(texts, prompt=request.prompt, max_length=request.max_length)
         features = batch.tensors(self.device)
-        output = self(**features, schedule=request.schedule, block_size=request.block_size)
+        output = self(**features, schedule=request.schedule)
         return output.embeddings, int(batch.truncated.sum())
 
     def _embed_stream(self, source, request: "RecurrentRequest") -> tuple[torch.Tensor, int]:
         """One streamed document (an iterator of text pieces, or a path) -> ([D], truncated 0 or 1): fed
         to the vertical schedule in blocks of V as tokens arrive."""
-        if request.schedule == "horizontal":
+        if request.schedule.asked == "horizontal":
             raise ValueError("Streamed documents use the vertical schedule; `schedule='horizontal'` cannot stream.")
-        _, block_size = self.resolve_schedule("vertical", request.block_size, longest=0)
+        self._require_state_carrier("Streaming (the vertical schedule)")
+        block_size = request.schedule.for_batch(self, 0, 1)[1]
         if isinstance(source, os.PathLike):
             if not os.path.isfile(source):
                 raise FileNotFoundError(f"No such text file: {source}")
@@ -584,4 +605,5 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         return hidden[0, -1].float(), int(truncated)
 
 
-__all__ = ["STATE_CARRIERS", "RecurrentEmbedModel", "RecurrentEmbedPreTrainedModel", "RecurrentOutput", "StateCarrier"]
+__all__ = ["STATE_CARRIERS", "RecurrentEmbedModel", "RecurrentEmbedPreTrainedModel", "RecurrentOutput", "Schedule",
+           "StateCarrier"]

@@ -61,3 +61,27 @@ def test_auto_block_size_drives_the_vertical_schedule(monkeypatch):
     with torch.no_grad():
         model(torch.randint(1, 600, (2, 20)))  # auto schedule: T = 20 > V = 8, so vertical
     assert shapes == [(2, 8), (2, 8), (2, 4)]
+
+
+def test_resolve_returns_the_schedule_resolved_once_and_each_batch_decides_only_auto(monkeypatch):
+    """`resolve_schedule` (what `resolve` calls) defaults the schedule and V from the config and checks them; `forward` and streaming
+    take that `Schedule` as it is (no second default), and only an "auto" is decided per batch."""
+    from lmk_embed.modeling_recurrent import Schedule
+
+    config = RecurrentEmbedConfig(backbone_config=tiny_mamba2_config().to_dict(), schedule="horizontal", block_size=40)
+    model = RecurrentEmbedModel(config).eval()
+    assert model.resolve_schedule(None, None) == Schedule("horizontal", 40, None)
+    assert model.resolve_schedule("auto", "auto") == Schedule("auto", "auto", "auto")
+    explicit = model.resolve_schedule("vertical", 8)
+    assert explicit.for_batch(model, longest=100, batch_size=4) == ("vertical", 8)
+    # auto: Mamba2 off CUDA takes our step (vertical) even when the input fits one block
+    assert Schedule("auto", 64).for_batch(model, longest=10, batch_size=1) == ("vertical", 64)
+    monkeypatch.setattr("lmk_embed.modeling_recurrent.auto_block_size", lambda device, width, batch, chunk: 4 * batch)
+    assert Schedule("horizontal", "auto").for_batch(model, longest=10, batch_size=3) == ("horizontal", 12)
+    with pytest.raises(ValueError, match="`block_size` must"):
+        model.resolve_schedule(None, 0)
+    ids = torch.tensor([[5, 6, 7, 0]])
+    with pytest.raises(ValueError, match="`block_size` is part of a resolved `Schedule`"):
+        model(ids, schedule=explicit, block_size=8)
+    torch.testing.assert_close(model(ids, schedule=explicit).embeddings,
+                               model(ids, schedule="vertical", block_size=8).embeddings)

@@ -278,6 +278,18 @@ def test_streaming_matches_encoding_the_concatenated_text(model, tmp_path, monke
     assert np.abs(mixed[0] - model.encode("short")).max() <= 1e-4
 
 
+def test_a_configured_horizontal_schedule_still_streams_but_an_asked_one_is_refused(model, tmp_path, monkeypatch):
+    """The config's schedule is a default for batches of texts; a streamed document reads vertically
+    unless the call itself asks for "horizontal", which cannot stream."""
+    path = tmp_path / "doc.txt"
+    path.write_text("\n".join(stdlib_texts(3)), encoding="utf-8")
+    expected = model.encode(pathlib.Path(path), block_size=V)
+    monkeypatch.setattr(model.config, "schedule", "horizontal")
+    np.testing.assert_allclose(model.encode(pathlib.Path(path), block_size=V), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="`schedule='horizontal'` cannot stream"):
+        model.encode(pathlib.Path(path), schedule="horizontal")
+
+
 def test_streaming_never_holds_the_whole_document(model, monkeypatch):
     """Peak pending tokens stay below a block (+ one tokenized piece), however long the stream."""
     import lmk_embed.tokenization_recurrent as module
