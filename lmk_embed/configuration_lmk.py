@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
+
+from .encoding import check_choice, check_max_length, check_positive_int
 
 POOLINGS = ("lmk", "cls", "mean", "mean@k", "multi_cls", "latent_attention")
 CHUNK_ALIGNED_POOLINGS = ("lmk", "mean@k")  # pool one position per chunk: landmark vectors + spans exist
@@ -18,6 +22,64 @@ DEFAULT_GRANULARITIES = (32, 64, 128, 256)
 ABSOLUTE_POSITION_EXTENSIONS = ("interpolate", "recurrent", "group")
 ROTARY_POSITION_EXTENSIONS = ("dynamic",)
 POSITION_EXTENSIONS = ABSOLUTE_POSITION_EXTENSIONS + ROTARY_POSITION_EXTENSIONS
+MIN_MAX_LENGTH = 3  # [CLS] + one token + a landmark
+
+
+@dataclass(frozen=True)
+class LMKOption:
+    """One option of the LMK family, declared once. Its default is the `LMKConfig` field `name`;
+    `tokenizer_key` names its mirror in tokenizer_config.json (None: not mirrored; the standalone
+    tokenizer reads it there), `per_call` whether `encode()` takes it for one call (`LMKModel.resolve`
+    defaults it from the config and checks it), and `cli_flag` the `lmk-embed convert-lmk` flag that
+    sets the default (None: none)."""
+
+    name: str
+    tokenizer_key: str | None = None
+    per_call: bool = False
+    cli_flag: str | None = None
+
+
+# The family's options. Their rules are the `check_*` functions below, which the config applies to
+# its defaults and `LMKModel.resolve` to each call's values: a default and an argument meet one rule.
+LMK_OPTIONS = (
+    LMKOption("pooling", "lmk_pooling", cli_flag="--pooling"),
+    LMKOption("granularity", "lmk_granularity", per_call=True, cli_flag="--granularity"),
+    LMKOption("splitter", "lmk_splitter", per_call=True, cli_flag="--splitter"),
+    LMKOption("granularities", "lmk_granularities", cli_flag="--granularities"),
+    LMKOption("splitter_seed", "lmk_seed", cli_flag="--seed"),
+    # no `_token` suffix in the key: transformers would make it a special token
+    LMKOption("landmark_token", "lmk_landmark", cli_flag="--landmark-token"),
+    LMKOption("max_length", per_call=True, cli_flag="--max-length"),
+    LMKOption("normalize", per_call=True, cli_flag="--no-normalize"),
+    LMKOption("long_input", per_call=True, cli_flag="--long-input"),
+    LMKOption("window_length", per_call=True, cli_flag="--window-length"),
+)
+
+
+def check_lmk_max_length(max_length) -> int | None:
+    """`max_length` (None: no budget), or an error naming it: an integer of at least `MIN_MAX_LENGTH`."""
+    check_max_length(max_length, MIN_MAX_LENGTH, "[CLS], one token and a landmark")
+    return max_length
+
+
+def check_long_input(long_input, pooling: str) -> str:
+    """`long_input`, or a ValueError naming it: one of `LONG_INPUTS`, and `windows` only with lmk pooling."""
+    check_choice("long_input", long_input, LONG_INPUTS)
+    if long_input == "windows" and pooling != "lmk":
+        raise ValueError(f"`long_input='windows'` pools landmarks: it needs pooling='lmk', not {pooling!r}.")
+    return long_input
+
+
+def check_window_length(window_length, name: str = "window_length") -> int | None:
+    """`window_length` (None: the default window), or an error naming it (`name`): an integer of at
+    least 3 ([CLS], one token, a landmark)."""
+    if window_length is None:
+        return None
+    window_length = check_positive_int(name, window_length)
+    if window_length < MIN_MAX_LENGTH:
+        raise ValueError(f"`{name}`={window_length} is too small: a window holds [CLS], one token and a landmark "
+                         f"(at least {MIN_MAX_LENGTH}).")
+    return window_length
 
 
 class LMKConfig(PretrainedConfig):
@@ -82,18 +144,12 @@ class LMKConfig(PretrainedConfig):
                 raise ValueError(f"`{name}` must hold positive integers, got {value!r}.")
         self.granularities = [int(g) for g in self.granularities]
         self.check_position_extension()
-        if self.long_input not in LONG_INPUTS:
-            raise ValueError(f"Unknown `long_input` {self.long_input!r}; expected one of {list(LONG_INPUTS)}.")
-        if self.long_input == "windows" and self.pooling != "lmk":
-            raise ValueError(f"`long_input='windows'` pools landmarks: it needs pooling='lmk', not {self.pooling!r}.")
-        if self.window_length is not None and (isinstance(self.window_length, bool)
-                                               or not isinstance(self.window_length, int) or self.window_length < 3):
-            raise ValueError(f"`window_length` must be an integer of at least 3 or None, got {self.window_length!r}.")
+        check_long_input(self.long_input, self.pooling)
+        check_window_length(self.window_length)
         if self.window_length is not None and self.pooling != "lmk":
             raise ValueError(f"`window_length` is the window of long_input='windows', which pools landmarks: it needs "
                              f"pooling='lmk', not {self.pooling!r} (leave window_length out).")
-        if self.max_length is not None and self.max_length < 3:
-            raise ValueError(f"`max_length` must be at least 3 ([CLS], one token, a landmark), got {self.max_length}.")
+        check_lmk_max_length(self.max_length)
 
     def check_position_extension(self) -> None:
         extension = self.position_extension
@@ -122,15 +178,8 @@ class LMKConfig(PretrainedConfig):
         return int(self.backbone_config.hidden_size)
 
     def tokenizer_options(self) -> dict:
-        """The same defaults, as the tokenizer reads them from tokenizer_config.json."""
-        return {
-            "lmk_pooling": self.pooling,
-            "lmk_granularity": self.granularity,
-            "lmk_splitter": self.splitter,
-            "lmk_granularities": list(self.granularities),
-            "lmk_seed": self.splitter_seed,
-            "lmk_landmark": self.landmark_token,  # no `_token` suffix: transformers would make it a special token
-        }
+        """The options `LMK_OPTIONS` mirrors, as the tokenizer reads them from tokenizer_config.json."""
+        return {option.tokenizer_key: getattr(self, option.name) for option in LMK_OPTIONS if option.tokenizer_key}
 
 
-__all__ = ["LMKConfig"]
+__all__ = ["LMKConfig", "LMKOption", "LMK_OPTIONS", "check_lmk_max_length", "check_long_input", "check_window_length"]

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, LONG_INPUTS, SPLITTERS, LMKConfig
+from .configuration_lmk import SPLITTERS, LMKConfig, check_long_input, check_window_length
 from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int, check_prompt
 # onnx_backend.py imports no model file, so nothing circles back; this import also ships it in every checkpoint.
 from .onnx_backend import OnnxGraph, load_onnx_model
@@ -378,7 +378,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         splitter = check_choice("splitter", config.splitter if splitter is None else splitter, SPLITTERS)
         # Training reads one pass unless the call asks for windows (a long-page recipe trains in its schedule).
         default_long_input = "one-pass" if training else config.long_input
-        long_input = check_choice("long_input", default_long_input if long_input is None else long_input, LONG_INPUTS)
+        long_input = check_long_input(default_long_input if long_input is None else long_input, config.pooling)
         if granularity is not None:
             granularity = check_positive_int("granularity", granularity)
         elif training and splitter == "variable":
@@ -386,14 +386,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         else:
             granularity = config.granularity
         pooling = "cls" if training and config.pooling == "multi_cls" else config.pooling  # MultiCLS: inference only
-        if output_value == "landmarks" and config.pooling not in CHUNK_ALIGNED_POOLINGS:
-            raise ValueError(
-                f"`output_value='landmarks'` needs chunk-aligned pooling (lmk, mean@k), not {config.pooling!r}."
-            )
-        self.tokenizer.check_max_length(max_length)
         if long_input == "windows":
-            if config.pooling != "lmk":
-                raise ValueError(f"`long_input='windows'` pools landmarks: it needs pooling='lmk', not {config.pooling!r}.")
             name = "window_length" if window_length is not None else "config.window_length"
             window_length = config.window_length if window_length is None else window_length
             if window_length is None:
@@ -401,19 +394,20 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
                 name = "the default window length"
             if window_length is None:
                 raise ValueError("`long_input='windows'` needs `window_length`: the backbone reports no position limit.")
-            check_positive_int(name, window_length)
+            check_window_length(window_length, name)
             # A W that cannot hold one chunk of g is refused by `cut_windows` for the texts it must cut:
             # a text that fits one window is read whatever g.
             check_position_limit(name, window_length, self.max_positions())
-            max_length = config.max_length if max_length is None else max_length
+            max_length = config.max_length if max_length is None else max_length  # the document's budget
+            self.tokenizer.check_max_length(max_length)
         else:
             if window_length is not None:  # read by windows only: refused rather than silently ignored
                 raise ValueError(f"`window_length` is the window of long_input='windows', but this call reads in one "
                                  f"pass (long_input='one-pass'): pass long_input='windows' or leave window_length out.")
             name = "max_length" if max_length is not None else "config.max_length"
             max_length = self.default_max_length() if max_length is None else max_length
+            self.tokenizer.check_max_length(max_length)  # defaulted first: a default meets the argument's rule
             check_position_limit(name, max_length, self.max_positions())
-            window_length = None
         layout = LayoutOptions(pooling, granularity, "sentence" if splitter == "sentence" else "fixed", max_length,
                                config.landmark_token, prompt, output_value == "landmarks")
         return LMKRequest(layout.checked(self.tokenizer), long_input, window_length, output_value)

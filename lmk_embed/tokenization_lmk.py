@@ -35,10 +35,9 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
-from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, POOLINGS, SPLITTERS, LMKConfig
+from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, LMK_OPTIONS, POOLINGS, SPLITTERS, LMKConfig, check_lmk_max_length
 from .encoding import (
     check_choice,
-    check_max_length,
     check_positive_int,
     check_tokenizer_call,
     ModelInputs,
@@ -47,7 +46,8 @@ from .encoding import (
     warn_truncated,
 )
 
-MIN_MAX_LENGTH = 3  # [CLS] + one token + a landmark
+# tokenizer_config.json key -> the LMKConfig field that holds its default
+_OPTION_NAMES = {option.tokenizer_key: option.name for option in LMK_OPTIONS if option.tokenizer_key}
 # Tokenizers without a real limit report a huge sentinel as model_max_length.
 NO_LIMIT = 10**12
 
@@ -149,7 +149,8 @@ class LayoutOptions:
     def checked(self, tokenizer) -> "LayoutOptions":
         """Raise a ValueError for options `tokenizer` cannot lay out; return them unchanged."""
         if self.with_spans and self.pooling not in CHUNK_ALIGNED_POOLINGS:
-            raise ValueError(f"Landmark spans exist only for chunk-aligned poolings (lmk, mean@k), not {self.pooling!r}.")
+            raise ValueError(f"Landmark vectors and spans (`output_value='landmarks'`) need chunk-aligned pooling "
+                             f"(lmk, mean@k), not {self.pooling!r}.")
         if self.pooling == "lmk":
             tokenizer.landmark_id(self.landmark)  # a clear error without SEP / EOS
         start_id, end_id = tokenizer.start_token_id, tokenizer.end_token_id
@@ -359,25 +360,26 @@ class LMKTokenizer(PreTrainedTokenizerFast):
 
     # ---- options ---------------------------------------------------------------------------
 
-    def _option(self, name: str, default):
-        value = self.init_kwargs.get(name)
-        return default if value is None else value
+    def _option(self, key: str):
+        """Option `key` of tokenizer_config.json, else its `LMKConfig` default (`LMK_OPTIONS`)."""
+        value = self.init_kwargs.get(key)
+        return getattr(LMKConfig, _OPTION_NAMES[key]) if value is None else value
 
     @property
     def lmk_pooling(self) -> str:
-        return self._option("lmk_pooling", LMKConfig.pooling)
+        return self._option("lmk_pooling")
 
     @property
     def lmk_granularity(self) -> int:
-        return int(self._option("lmk_granularity", LMKConfig.granularity))
+        return int(self._option("lmk_granularity"))
 
     @property
     def lmk_splitter(self) -> str:
-        return self._option("lmk_splitter", LMKConfig.splitter)
+        return self._option("lmk_splitter")
 
     @property
     def lmk_granularities(self) -> tuple[int, ...]:
-        return tuple(int(g) for g in self._option("lmk_granularities", LMKConfig.granularities))
+        return tuple(int(g) for g in self._option("lmk_granularities"))
 
     @property
     def landmark_token_id(self) -> int:
@@ -405,8 +407,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
 
     def _landmark_option(self) -> str:
         """`lmk_landmark` of tokenizer_config.json (default "sep")."""
-        value = self.init_kwargs.get("lmk_landmark")
-        return "sep" if value is None else str(value)
+        return str(self._option("lmk_landmark"))
 
     @property
     def start_token_id(self) -> int | None:
@@ -427,7 +428,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         the tokenizer used on its own: `LMKModel` draws from its config's set with its own generator)."""
         rng = _DRAWS.get(self)
         if rng is None:
-            rng = _DRAWS[self] = random.Random(int(self._option("lmk_seed", LMKConfig.splitter_seed)))
+            rng = _DRAWS[self] = random.Random(int(self._option("lmk_seed")))
         return rng.choice(self.lmk_granularities)
 
     # ---- the public call ---------------------------------------------------------------------
@@ -476,7 +477,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
 
     @staticmethod
     def check_max_length(max_length) -> None:
-        check_max_length(max_length, MIN_MAX_LENGTH, "[CLS], one token and a landmark")
+        check_lmk_max_length(max_length)
 
     def resolve(self, *, pooling: str | None = None, granularity: int | None = None, splitter: str | None = None,
                 max_length: int | None = None, prompt: str | None = None, with_spans: bool = False,

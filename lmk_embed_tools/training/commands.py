@@ -66,10 +66,13 @@ def add_convert_lmk_command(subparsers) -> None:
 
 
 def run_convert_lmk(args: argparse.Namespace) -> int:
+    from lmk_embed.configuration_lmk import LMK_OPTIONS
+
     from .convert import convert_to_lmk
 
-    options = ("pooling", "granularity", "splitter", "granularities", "landmark_token", "max_length", "seed",
-               "base_model", "max_positions", "position_extension", "long_input", "window_length")
+    # The option spec's flags (their dests are convert_to_lmk's keywords), and the conversion's own.
+    flags = [option.cli_flag for option in LMK_OPTIONS if option.cli_flag not in (None, "--no-normalize")]
+    options = [flag[2:].replace("-", "_") for flag in flags] + ["base_model", "max_positions", "position_extension"]
     path = convert_source(convert_to_lmk, args, normalize=False if args.no_normalize else None,
                           **{name: getattr(args, name) for name in options})
     print(f"LMK checkpoint written to {path}")
