@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .encoding import check_choice, check_max_length, check_positive_int
+from .encoding import Option, check_choice, check_max_length, check_positive_int
 
 POOLINGS = ("lmk", "cls", "mean", "mean@k", "multi_cls", "latent_attention")
 CHUNK_ALIGNED_POOLINGS = ("lmk", "mean@k")  # pool one position per chunk: landmark vectors + spans exist
@@ -24,35 +22,20 @@ ROTARY_POSITION_EXTENSIONS = ("dynamic",)
 POSITION_EXTENSIONS = ABSOLUTE_POSITION_EXTENSIONS + ROTARY_POSITION_EXTENSIONS
 MIN_MAX_LENGTH = 3  # [CLS] + one token + a landmark
 
-
-@dataclass(frozen=True)
-class LMKOption:
-    """One option of the LMK family, declared once. Its default is the `LMKConfig` field `name`;
-    `tokenizer_key` names its mirror in tokenizer_config.json (None: not mirrored; the standalone
-    tokenizer reads it there), `per_call` whether `encode()` takes it for one call (`LMKModel.resolve`
-    defaults it from the config and checks it), and `cli_flag` the `lmk-embed convert-lmk` flag that
-    sets the default (None: none)."""
-
-    name: str
-    tokenizer_key: str | None = None
-    per_call: bool = False
-    cli_flag: str | None = None
-
-
-# The family's options. Their rules are the `check_*` functions below, which the config applies to
+# The family's options (`Option`). Their rules are the `check_*` functions below, which the config applies to
 # its defaults and `LMKModel.resolve` to each call's values: a default and an argument meet one rule.
 LMK_OPTIONS = (
-    LMKOption("pooling", "lmk_pooling", cli_flag="--pooling"),
-    LMKOption("granularity", "lmk_granularity", per_call=True, cli_flag="--granularity"),
-    LMKOption("splitter", "lmk_splitter", per_call=True, cli_flag="--splitter"),
-    LMKOption("granularities", "lmk_granularities", cli_flag="--granularities"),
-    LMKOption("splitter_seed", "lmk_seed", cli_flag="--seed"),
+    Option("pooling", "lmk_pooling", cli_flag="--pooling"),
+    Option("granularity", "lmk_granularity", per_call=True, cli_flag="--granularity"),
+    Option("splitter", "lmk_splitter", per_call=True, cli_flag="--splitter"),
+    Option("granularities", "lmk_granularities", cli_flag="--granularities"),
+    Option("splitter_seed", "lmk_seed", cli_flag="--seed"),
     # no `_token` suffix in the key: transformers would make it a special token
-    LMKOption("landmark_token", "lmk_landmark", cli_flag="--landmark-token"),
-    LMKOption("max_length", per_call=True, cli_flag="--max-length"),
-    LMKOption("normalize", per_call=True, cli_flag="--no-normalize"),
-    LMKOption("long_input", per_call=True, cli_flag="--long-input"),
-    LMKOption("window_length", per_call=True, cli_flag="--window-length"),
+    Option("landmark_token", "lmk_landmark", cli_flag="--landmark-token"),
+    Option("max_length", per_call=True, cli_flag="--max-length"),
+    Option("normalize", per_call=True, cli_flag="--no-normalize"),
+    Option("long_input", per_call=True, cli_flag="--long-input"),
+    Option("window_length", per_call=True, cli_flag="--window-length"),
 )
 
 
@@ -182,4 +165,4 @@ class LMKConfig(PretrainedConfig):
         return {option.tokenizer_key: getattr(self, option.name) for option in LMK_OPTIONS if option.tokenizer_key}
 
 
-__all__ = ["LMKConfig", "LMKOption", "LMK_OPTIONS", "check_lmk_max_length", "check_long_input", "check_window_length"]
+__all__ = ["LMKConfig", "LMK_OPTIONS", "check_lmk_max_length", "check_long_input", "check_window_length"]

@@ -7,6 +7,7 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 from .compat import restore_transformers_model_types
+from .encoding import Option, check_choice, check_max_length, check_positive_int
 
 SCHEDULES = ("auto", "horizontal", "vertical")
 AUTO = "auto"
@@ -21,6 +22,39 @@ FLOATS_PER_TOKEN_PER_WIDTH = 16
 MIN_AUTO_BLOCK, MAX_AUTO_BLOCK = 256, 4096
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 QUERY_TEMPLATE = "Instruct: {task}\nQuery: "
+# The family's options (`Option`). Their rules are the `check_*` functions below, which the config
+# applies to its defaults and `RecurrentEmbedModel.resolve` to each call's values.
+RECURRENT_OPTIONS = (
+    Option("schedule", per_call=True, cli_flag="--schedule"),
+    Option("block_size", per_call=True, cli_flag="--block-size"),
+    Option("add_bos_token", "rec_add_bos", cli_flag="--add-bos-token"),  # no `_token` suffix in the key
+    Option("max_length", per_call=True, cli_flag="--max-length"),
+    Option("normalize", per_call=True, cli_flag="--no-normalize"),
+    Option("default_task", cli_flag="--default-task"),
+)
+
+
+def check_schedule(schedule) -> str:
+    """`schedule`, or a ValueError naming it: one of `SCHEDULES`."""
+    return check_choice("schedule", schedule, SCHEDULES)
+
+
+def check_block_size(block_size, name: str = "block_size") -> int | str:
+    """V, or an error naming it (`name`): a positive integer, or "auto"."""
+    if block_size == AUTO:
+        return AUTO
+    if isinstance(block_size, str):
+        raise ValueError(f"`{name}` must be a positive integer or 'auto', got {block_size!r}.")
+    return check_positive_int(name, block_size)
+
+
+def check_recurrent_max_length(max_length, add_bos: bool) -> int | None:
+    """`max_length` (None: no budget), or an error naming it: an integer that holds one token and EOS,
+    and BOS when `add_bos`."""
+    check_max_length(max_length, 2 + bool(add_bos), "BOS, one token and EOS" if add_bos else "one token and EOS")
+    return max_length
+
+
 # Backbones that live outside transformers: model_type -> (module that registers it, the extra that installs it).
 EXTERNAL_BACKBONES = {"rwkv7": ("fla.models.rwkv7", "rwkv7", "flash-linear-attention")}
 
@@ -87,17 +121,10 @@ class RecurrentEmbedConfig(PretrainedConfig):
 
     def check(self) -> None:
         """Raise a ValueError naming the field for any bad value."""
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"Unknown `schedule` {self.schedule!r}; expected one of {list(SCHEDULES)}.")
-        for name in ("block_size", "ssd_chunk_size"):
-            value = getattr(self, name)
-            if name == "block_size" and value == AUTO:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                allowed = "a positive integer or 'auto'" if name == "block_size" else "a positive integer"
-                raise ValueError(f"`{name}` must be {allowed}, got {value!r}.")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"`max_length` must be at least 2 (one token and EOS), got {self.max_length}.")
+        check_schedule(self.schedule)
+        check_block_size(self.block_size)
+        check_positive_int("ssd_chunk_size", self.ssd_chunk_size)
+        check_recurrent_max_length(self.max_length, self.add_bos_token)
         if "{task}" not in self.query_template:
             raise ValueError("`query_template` must contain '{task}'.")
 
@@ -112,8 +139,8 @@ class RecurrentEmbedConfig(PretrainedConfig):
         return self.query_template.format(task=self.default_task if task is None else task)
 
     def tokenizer_options(self) -> dict:
-        """The defaults the tokenizer reads from tokenizer_config.json (no option name ends in `_token`)."""
-        return {"rec_add_bos": self.add_bos_token}
+        """The options `RECURRENT_OPTIONS` mirrors, as the tokenizer reads them from tokenizer_config.json."""
+        return {option.tokenizer_key: getattr(self, option.name) for option in RECURRENT_OPTIONS if option.tokenizer_key}
 
 
 def auto_block_size(device_type: str, width: int, batch_size: int = 1, gpu_chunk_size: int = 256,
@@ -134,4 +161,5 @@ def auto_block_size(device_type: str, width: int, batch_size: int = 1, gpu_chunk
     return block
 
 
-__all__ = ["RecurrentEmbedConfig", "auto_block_size"]
+__all__ = ["RECURRENT_OPTIONS", "RecurrentEmbedConfig", "auto_block_size", "check_block_size",
+           "check_recurrent_max_length", "check_schedule"]

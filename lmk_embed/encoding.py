@@ -33,6 +33,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from copy import deepcopy
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,20 @@ PROGRESS_MIN_BATCHES = 8
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # The `from_pretrained` arguments that say where a checkpoint's files are; its tokenizer gets them too.
 TOKENIZER_LOADING_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a family, declared once in its configuration file (`LMK_OPTIONS`,
+    `RECURRENT_OPTIONS`). Its default is the config field `name`; `tokenizer_key` names its mirror in
+    tokenizer_config.json (None: not mirrored), `per_call` whether `encode()` takes it for one call
+    (the family's `resolve` defaults it from the config and checks it with the rule the config's own
+    check uses), and `cli_flag` the convert command's flag that sets the default (None: none)."""
+
+    name: str
+    tokenizer_key: str | None = None
+    per_call: bool = False
+    cli_flag: str | None = None
 
 
 def check_positive_int(name: str, value) -> int:

@@ -33,8 +33,8 @@ from transformers.utils import ModelOutput
 
 from .compat import (Mamba2MixerParts, NormParts, cache_keyword, carried_cache, check_backbone_internals, mamba2_parts,
                      new_xlstm_cache, select_xlstm_cache_rows)
-from .configuration_recurrent import AUTO, SCHEDULES, RecurrentEmbedConfig, auto_block_size
-from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int, check_prompt
+from .configuration_recurrent import AUTO, RecurrentEmbedConfig, auto_block_size, check_block_size, check_schedule
+from .encoding import EncoderMixin, check_choice, check_position_limit, check_prompt
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
 from .ssd import mamba_chunk_scan_combined  # noqa: F401 - read by benchmarks/gpu_recurrent.py
 from .ssd import ssd_scan
@@ -378,13 +378,12 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     def _checked_block_size(self, block_size: int | str | None) -> int | str:
         """V defaulted from the config and checked: a positive int, or "auto"."""
-        block_size = self.config.block_size if block_size is None else block_size
-        return block_size if block_size == AUTO else check_positive_int("block_size", block_size)
+        return check_block_size(self.config.block_size if block_size is None else block_size)
 
     def resolve_schedule(self, schedule: str | None, block_size: int | str | None) -> Schedule:
         """The one place the schedule and V are defaulted (from the config) and checked (see the module
         docstring); an "auto" stays for each batch to decide (`Schedule.for_batch`)."""
-        name = check_choice("schedule", self.config.schedule if schedule is None else schedule, SCHEDULES)
+        name = check_schedule(self.config.schedule if schedule is None else schedule)
         block_size = self._checked_block_size(block_size)
         if name == "vertical":
             self._require_state_carrier("schedule='vertical'")
@@ -562,10 +561,10 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         check_prompt(prompt)
         check_choice("output_value", output_value, self.output_values)
         schedule = self.resolve_schedule(schedule, block_size)
-        self.tokenizer.check_max_length(max_length)
         _ = self.tokenizer.eos_id  # a tokenizer without EOS fails here, clearly
         name = "max_length" if max_length is not None else "config.max_length"
         max_length = self.config.max_length if max_length is None else max_length
+        self.tokenizer.check_max_length(max_length)  # defaulted first: a default meets the argument's rule
         check_position_limit(name, max_length, self.max_positions())
         return RecurrentRequest(prompt, output_value, max_length, schedule)
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
+from .configuration_recurrent import check_recurrent_max_length
 from .encoding import (
-    check_max_length,
     ModelInputs,
     check_tokenizer_call,
     encode_content,
@@ -79,7 +79,7 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
         return [int(self.bos_token_id)]
 
     def check_max_length(self, max_length) -> None:
-        check_max_length(max_length, len(self.prefix_ids) + 2, "one token and EOS")
+        check_recurrent_max_length(max_length, self.add_bos)
 
     def strip_trailing_eos(self, text: str) -> str:
         """A text that already ends in the EOS string gets no second EOS."""

@@ -33,6 +33,14 @@ def convert_source(convert, args, **options):
         raise UsageError(f"cannot load `source` {args.source!r} (not a local folder): {first_line}") from None
 
 
+def declared_arguments(args: argparse.Namespace, options) -> dict:
+    """A convert command's values of its family's declared options (`Option.cli_flag`), by the
+    converter's keyword: each flag's dest (`--no-normalize` is each command's own)."""
+    dests = [option.cli_flag[2:].replace("-", "_") for option in options
+             if option.cli_flag not in (None, "--no-normalize")]
+    return {dest: getattr(args, dest) for dest in dests}
+
+
 # ---- convert-lmk -------------------------------------------------------------------------------
 
 def add_convert_lmk_command(subparsers) -> None:
@@ -70,11 +78,9 @@ def run_convert_lmk(args: argparse.Namespace) -> int:
 
     from .convert import convert_to_lmk
 
-    # The option spec's flags (their dests are convert_to_lmk's keywords), and the conversion's own.
-    flags = [option.cli_flag for option in LMK_OPTIONS if option.cli_flag not in (None, "--no-normalize")]
-    options = [flag[2:].replace("-", "_") for flag in flags] + ["base_model", "max_positions", "position_extension"]
     path = convert_source(convert_to_lmk, args, normalize=False if args.no_normalize else None,
-                          **{name: getattr(args, name) for name in options})
+                          **declared_arguments(args, LMK_OPTIONS),
+                          **{name: getattr(args, name) for name in ("base_model", "max_positions", "position_extension")})
     print(f"LMK checkpoint written to {path}")
     return 0
 
@@ -103,13 +109,12 @@ def add_convert_recurrent_command(subparsers) -> None:
 
 
 def run_convert_recurrent(args: argparse.Namespace) -> int:
+    from lmk_embed.configuration_recurrent import RECURRENT_OPTIONS
+
     from .convert import convert_to_recurrent
 
-    path = convert_source(
-        convert_to_recurrent, args, schedule=args.schedule, block_size=args.block_size, add_bos_token=args.add_bos_token,
-        max_length=args.max_length, default_task=args.default_task, normalize=not args.no_normalize,
-        base_model=args.base_model, tokenizer=args.tokenizer,
-    )
+    path = convert_source(convert_to_recurrent, args, normalize=not args.no_normalize,
+                          **declared_arguments(args, RECURRENT_OPTIONS), base_model=args.base_model, tokenizer=args.tokenizer)
     print(f"Recurrent embedder checkpoint written to {path}")
     return 0
 

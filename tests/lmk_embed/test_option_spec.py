@@ -1,33 +1,45 @@
-"""The LMK option spec (`LMK_OPTIONS`) is the one list of the family's options: the config's fields,
-the tokenizer_config.json mirror, `encode()`'s keywords and the convert-lmk flags all agree with it."""
+"""Each family's option spec (`LMK_OPTIONS`, `RECURRENT_OPTIONS`) is its one list of options: the
+config's fields, the tokenizer_config.json mirror, `encode()`'s keywords and the convert command's
+flags all agree with it, and a config default meets the same rule as a call's argument."""
 
 import inspect
 import json
 
 import pytest
 
-from lmk_embed import LMKModel
+from lmk_embed import LMKModel, RecurrentEmbedModel
 from lmk_embed.configuration_lmk import LMK_OPTIONS, LMKConfig
+from lmk_embed.configuration_recurrent import RECURRENT_OPTIONS, RecurrentEmbedConfig
+
+FAMILIES = {
+    "lmk": (LMK_OPTIONS, LMKConfig, LMKModel, "convert-lmk", "lmk_"),
+    "recurrent": (RECURRENT_OPTIONS, RecurrentEmbedConfig, RecurrentEmbedModel, "convert-recurrent", "rec_"),
+}
 
 
-def test_every_option_is_a_config_field_and_the_only_config_fields_encode_takes_are_the_per_call_ones():
-    fields = set(LMKConfig.__annotations__)
-    assert {option.name for option in LMK_OPTIONS} <= fields
-    encode = set(inspect.signature(LMKModel.encode).parameters)
-    per_call = {option.name for option in LMK_OPTIONS if option.per_call}
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_option_is_a_config_field_and_the_only_config_fields_encode_takes_are_the_per_call_ones(family):
+    options, config_class, model_class, _, _ = FAMILIES[family]
+    fields = set(config_class.__annotations__)
+    assert {option.name for option in options} <= fields
+    encode = set(inspect.signature(model_class.encode).parameters)
+    per_call = {option.name for option in options if option.per_call}
     assert encode & fields == per_call
-    assert per_call - {"normalize"} <= set(inspect.signature(LMKModel.resolve).parameters)
+    assert per_call - {"normalize"} <= set(inspect.signature(model_class.resolve).parameters)
 
 
-def test_the_saved_tokenizer_config_mirrors_exactly_the_declared_keys(lmk_checkpoint):
-    saved = json.loads((lmk_checkpoint / "tokenizer_config.json").read_text())
-    config = LMKConfig.from_pretrained(lmk_checkpoint)
-    mirrored = {option.tokenizer_key: option.name for option in LMK_OPTIONS if option.tokenizer_key}
-    assert {key for key in saved if key.startswith("lmk_")} == set(mirrored)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_saved_tokenizer_config_mirrors_exactly_the_declared_keys(family, lmk_checkpoint, mamba2_checkpoint):
+    options, config_class, _, _, prefix = FAMILIES[family]
+    folder = lmk_checkpoint if family == "lmk" else mamba2_checkpoint
+    saved = json.loads((folder / "tokenizer_config.json").read_text())
+    config = config_class.from_pretrained(folder)
+    mirrored = {option.tokenizer_key: option.name for option in options if option.tokenizer_key}
+    assert {key for key in saved if key.startswith(prefix)} == set(mirrored)
     assert {key: saved[key] for key in mirrored} == {key: getattr(config, name) for key, name in mirrored.items()}
 
 
-def test_the_tokenizer_without_options_reads_the_config_defaults(lmk_checkpoint, tmp_path):
+def test_the_lmk_tokenizer_without_options_reads_the_config_defaults(lmk_checkpoint):
     from lmk_embed import LMKTokenizer
 
     tokenizer = LMKTokenizer.from_pretrained(lmk_checkpoint)
@@ -38,13 +50,14 @@ def test_the_tokenizer_without_options_reads_the_config_defaults(lmk_checkpoint,
     assert tokenizer._landmark_option() == LMKConfig.landmark_token
 
 
-def test_convert_lmk_has_each_declared_flag():
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_convert_command_has_each_declared_flag(family):
     from lmk_embed_tools.cli import build_parser
 
-    parser = build_parser()
-    subparsers = next(action for action in parser._actions if action.choices and "convert-lmk" in action.choices)
-    flags = {flag for action in subparsers.choices["convert-lmk"]._actions for flag in action.option_strings}
-    assert {option.cli_flag for option in LMK_OPTIONS if option.cli_flag} <= flags
+    options, _, _, command, _ = FAMILIES[family]
+    subparsers = next(action for action in build_parser()._actions if action.choices and command in action.choices)
+    flags = {flag for action in subparsers.choices[command]._actions for flag in action.option_strings}
+    assert {option.cli_flag for option in options if option.cli_flag} <= flags
 
 
 @pytest.mark.parametrize("value", [2, "64", 2.5])
@@ -56,3 +69,20 @@ def test_a_window_length_meets_one_rule_as_a_config_default_and_as_an_argument(v
     model = LMKModel.from_pretrained(minilm_lmk_checkpoint)
     with pytest.raises(error, match="`window_length`"):
         model.encode("x", long_input="windows", window_length=value)
+
+
+@pytest.mark.parametrize("value", ["big", 2.5, 0])
+def test_a_block_size_meets_one_rule_as_a_config_default_and_as_an_argument(value, mamba2_checkpoint):
+    error = TypeError if isinstance(value, float) else ValueError
+    with pytest.raises(error, match="`block_size`"):
+        RecurrentEmbedConfig(block_size=value)
+    model = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint)
+    with pytest.raises(error, match="`block_size`"):
+        model.encode("x", block_size=value)
+
+
+def test_a_max_length_default_meets_the_rule_of_an_argument_with_bos(mamba2_checkpoint):
+    """With BOS, a budget must hold BOS, one token and EOS: as a config default and as an argument."""
+    with pytest.raises(ValueError, match="`max_length`=2 is too small: it must hold BOS, one token and EOS"):
+        RecurrentEmbedConfig(add_bos_token=True, max_length=2)
+    RecurrentEmbedConfig(add_bos_token=False, max_length=2)

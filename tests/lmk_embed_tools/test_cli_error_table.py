@@ -100,7 +100,7 @@ CASES = [
     (["convert-recurrent", "{mamba2}", "{root}/out-21"], "already an lmk-embed checkpoint (recurrent_embedder)"),
     (["convert-lmk", "{root}/empty", "{root}/out-22"], "holds no config.json"),
     (["convert-recurrent", "{root}/empty", "{root}/out-23"], "holds no config.json"),
-    (["convert-recurrent", "{mamba2_lm}", "{root}/out-24", "--max-length", "1"], "`max_length` must be at least 2"),
+    (["convert-recurrent", "{mamba2_lm}", "{root}/out-24", "--max-length", "1"], "`max_length`=1 is too small"),
     # runs refused before they start or write
     (["train-student", "--out", "{root}/a-file"], "--out"),
     (["train", "--model", "{lmk}", "--output_dir", "{root}/out-25", "--train_data", "{root}/pairs.txt"],
