@@ -13,7 +13,7 @@ from .configuration_lmk import LMKConfig
 from .configuration_recurrent import RecurrentEmbedConfig
 # What a checkpoint of each family carries (auto_map, .py files): defined in the shipped encoding.py,
 # whose save_pretrained writes it; tests/test_layout.py checks that each set holds every file its files import.
-from .encoding import AUTO_MAPS, FAMILY_FILES, SHARED_FILES
+from .checkpoint import AUTO_MAPS, FAMILY_FILES, SHARED_FILES
 from .modeling_lmk import LMKModel
 from .modeling_recurrent import RecurrentEmbedModel
 from .tokenization_lmk import LMKTokenizer

@@ -4,10 +4,14 @@ The engine owns everything that does not depend on the architecture: argument ch
 length-sorted batching with the original order restored, the progress bar, inference
 mode, device placement, normalisation, output conversion and the truncation warning.
 
-A family plugs in by subclassing `EncoderMixin` and implementing:
+A family plugs in by subclassing `EncoderMixin` (an abstract base) and implementing:
 
 - `resolve(prompt=..., output_value=..., **options) -> request`: default every per-call option
-  from the config and check it, once; the request is frozen and has a `max_length`.
+  from the config and check it, once; the request is frozen and has a `prompt`, an
+  `output_value` and a `max_length`.
+- `encode(texts, ...)` with the family's per-call options as keywords: `resolve` them, then hand
+  the request to the engine (`_run_encode(texts, request, ...)`); and `encode_query`
+  (`encode_document` is shared).
 - `_embed_texts(texts, request) -> (torch.Tensor [b, D], truncated)` (or, for
   `output_value="landmarks"`, a list of `(vectors [n_i, D], spans)` pairs): tokenize, run its
   forward schedule, pool; `truncated` counts the texts cut at `max_length`.
@@ -25,20 +29,21 @@ number of threads may encode with one model.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
 import warnings
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from copy import deepcopy
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .checkpoint import write_checkpoint_files, write_tokenizer_options
 
 try:  # tqdm is a dependency of transformers, but keep the shipped file importable without it
     from tqdm.auto import tqdm
@@ -47,7 +52,6 @@ except ImportError:  # pragma: no cover
 
 # Show a progress bar by default from this many batches on.
 PROGRESS_MIN_BATCHES = 8
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # The `from_pretrained` arguments that say where a checkpoint's files are; its tokenizer gets them too.
 TOKENIZER_LOADING_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
 
@@ -323,109 +327,6 @@ def check_tokenizer_call(owner: str, text, kwargs: dict, padding, return_tensors
     return single, list(texts)
 
 
-def write_tokenizer_options(folder, options: dict) -> None:
-    """Set `options` in `folder`'s tokenizer_config.json, the standalone tokenizer's defaults."""
-    path = Path(folder) / TOKENIZER_CONFIG_FILE
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    saved.update(options)
-    path.write_text(json.dumps(saved, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-# What a complete checkpoint folder of each family (its config's `model_type`) holds beside the
-# weights and the tokenizer: config.json / tokenizer_config.json `auto_map`, the tokenizer class,
-# the .py files (the auto-map modules, what they import, the sentence-transformers module and the
-# one door into other libraries' internals) and the sentence-transformers files.
-AUTO_MAPS = {
-    "lmk_embedder": {
-        "AutoConfig": "configuration_lmk.LMKConfig",
-        "AutoModel": "modeling_lmk.LMKModel",
-        "AutoTokenizer": [None, "tokenization_lmk.LMKTokenizer"],
-    },
-    "recurrent_embedder": {
-        "AutoConfig": "configuration_recurrent.RecurrentEmbedConfig",
-        "AutoModel": "modeling_recurrent.RecurrentEmbedModel",
-        "AutoTokenizer": [None, "tokenization_recurrent.RecurrentEmbedTokenizer"],
-    },
-}
-SHARED_FILES = ("compat.py", "encoding.py", "st_module.py")
-FAMILY_FILES = {
-    "lmk_embedder": ("configuration_lmk.py", "modeling_lmk.py", "onnx_backend.py", "tokenization_lmk.py", *SHARED_FILES),
-    "recurrent_embedder": (
-        "configuration_recurrent.py", "modeling_recurrent.py", "modeling_rwkv7.py", "ssd.py", "tokenization_recurrent.py",
-        *SHARED_FILES,
-    ),
-}
-ST_MODULE_TYPE = "st_module.EmbedderModule"
-ST_MODULE_CONFIG_FILE = "embedder_module_config.json"
-ST_NORMALIZE_TYPE = "sentence_transformers.base.modules.normalize.Normalize"
-
-
-def _update_json(path: Path, updates: dict) -> None:
-    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    data.update(updates)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _find_code_file(name: str, source) -> Path | None:
-    """`name` from this file's own folder (the package, or the copy transformers' remote-code
-    loader made, which holds only the files that were imported), else from where the model was
-    loaded: a local folder, or the Hub cache (downloaded when missing and the Hub is reachable)."""
-    for folder in (Path(__file__).resolve().parent, Path(source) if source else None):
-        if folder is not None and (folder / name).is_file():
-            return folder / name
-    if not source or Path(source).exists():
-        return None
-    try:  # a Hub id: huggingface_hub is a dependency of transformers
-        from huggingface_hub import hf_hub_download
-
-        return Path(hf_hub_download(str(source), name))
-    except Exception:  # noqa: BLE001 - offline, or not a repository: reported by the caller
-        return None
-
-
-def write_checkpoint_files(model, folder, with_tokenizer: bool, sentence_transformers_files: bool) -> None:
-    """Complete `folder` (weights, config and tokenizer already saved) as a checkpoint of `model`'s
-    family: its `FAMILY_FILES` (another family's shipped files there are removed), the `auto_map`s,
-    and, when `sentence_transformers_files`, modules.json (our module, then Normalize when the model
-    normalises), the module's config and config_sentence_transformers.json. A code file that cannot
-    be found is a warning naming it: the folder then does not load with trust_remote_code. An
-    adapter-only save (PEFT: no config.json) is left in PEFT's layout: the code stays with the base."""
-    folder, family = Path(folder), model.config.model_type
-    if not (folder / "config.json").is_file():
-        return
-    missing = []
-    for name in FAMILY_FILES[family]:
-        found = _find_code_file(name, model.name_or_path)
-        if found is None:
-            missing.append(name)
-        elif found.resolve() != (folder / name).resolve():
-            (folder / name).write_bytes(found.read_bytes())
-    for other in {name for names in FAMILY_FILES.values() for name in names} - set(FAMILY_FILES[family]):
-        (folder / other).unlink(missing_ok=True)
-    if missing:
-        warnings.warn(f"save_pretrained: {missing} could not be found beside this model's code or at "
-                      f"{model.name_or_path!r}; the folder {folder} lacks them and will not load with "
-                      "trust_remote_code until they are copied there.", stacklevel=3)
-    auto_map = AUTO_MAPS[family]
-    _update_json(folder / "config.json", {"auto_map": auto_map})
-    if with_tokenizer:
-        tokenizer_class = auto_map["AutoTokenizer"][1].split(".")[1]
-        _update_json(folder / TOKENIZER_CONFIG_FILE,
-                     {"auto_map": {"AutoTokenizer": auto_map["AutoTokenizer"]}, "tokenizer_class": tokenizer_class})
-    if not sentence_transformers_files:
-        return
-    modules = [{"idx": 0, "name": "0", "path": "", "type": ST_MODULE_TYPE}]
-    if model.config.normalize:
-        modules.append({"idx": 1, "name": "1", "path": "1_Normalize", "type": ST_NORMALIZE_TYPE})
-        (folder / "1_Normalize").mkdir(exist_ok=True)
-        (folder / "1_Normalize" / "config.json").write_text("{}\n")
-    (folder / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    (folder / ST_MODULE_CONFIG_FILE).write_text(json.dumps({"family": family}, indent=4) + "\n")
-    st_config = {"model_type": "SentenceTransformer", "prompts": model.sentence_transformers_prompts(),
-                 "default_prompt_name": None, "similarity_fn_name": "cosine"}
-    (folder / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2) + "\n")
-
-
 class ModelInputs(dict):
     """One batch's model inputs, `{name: [B, T] tensor}`, that also says what was truncated.
 
@@ -450,9 +351,10 @@ def to_batch_encoding(data: dict[str, np.ndarray], single: bool, return_tensors)
     return BatchEncoding(data, tensor_type="pt" if return_tensors == "pt" else None)
 
 
-class EncoderMixin:
+class EncoderMixin(ABC):
     """What both family models share: `encode()`-style batching (see the module docstring), the
-    lazily loaded tokenizer (`tokenizer_class`) and the backbone's input embeddings."""
+    lazily loaded tokenizer (`tokenizer_class`), the backbone's input embeddings and
+    `encode_document`. A family implements the abstract methods and sets the class attributes."""
 
     supports_streaming: bool = False
     output_values: tuple[str, ...] = ("embedding",)
@@ -541,14 +443,30 @@ class EncoderMixin:
         self.backbone.set_input_embeddings(value)
 
     # Families implement these.
-    def resolve(self, **options):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def resolve(self, **options):
+        """The call's options, defaulted from the config and checked once -> a frozen request with
+        `prompt`, `output_value` and `max_length` (see the module docstring)."""
 
-    def _embed_texts(self, texts: list[str], request):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def encode(self, texts, **options):
+        """The family's `encode()`: its keywords are the per-call options of its option spec."""
 
-    def _embed_stream(self, source, request) -> tuple[torch.Tensor, int]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def encode_query(self, queries, **kwargs):
+        """`encode` with the family's query prompt or instruction."""
+
+    @abstractmethod
+    def _embed_texts(self, texts: list[str], request):
+        """One batch of texts -> (vectors, truncated count) (see the module docstring)."""
+
+    def _embed_stream(self, source, request) -> tuple[torch.Tensor, int]:
+        """One streamed document -> ([D], truncated 0 or 1); for families with `supports_streaming`."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream documents.")
+
+    def encode_document(self, documents, **kwargs):
+        """`encode` with `config.document_prompt` prepended (empty by default)."""
+        return self.encode(documents, prompt=self.config.document_prompt or None, **kwargs)
 
     def _embedding_dim(self) -> int:
         return int(self.config.embedding_dim)

@@ -481,10 +481,6 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         """`encode` with `config.query_prompt` prepended."""
         return self.encode(queries, prompt=self.config.query_prompt or None, **kwargs)
 
-    def encode_document(self, documents, **kwargs):
-        """`encode` with `config.document_prompt` prepended."""
-        return self.encode(documents, prompt=self.config.document_prompt or None, **kwargs)
-
     def _embed_texts(self, texts: list[str], request: LMKRequest):
         """One batch -> (embeddings [b, D], or per text (landmark states [n_i, D], spans); truncated count).
         Texts cut into windows run through `embed_windows`; a batch without windows is one forward."""

@@ -550,10 +550,6 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         """`encode` with the instruction `Instruct: {task}\\nQuery: ` (task: `config.default_task`)."""
         return self.encode(queries, prompt=self.config.query_prompt(task), **kwargs)
 
-    def encode_document(self, documents, **kwargs):
-        """`encode` with `config.document_prompt` (empty by default: one corpus serves every task)."""
-        return self.encode(documents, prompt=self.config.document_prompt or None, **kwargs)
-
     def resolve(self, *, prompt: str | None = None, output_value: str = "embedding", max_length: int | None = None,
                 schedule: str | None = None, block_size: int | str | None = None) -> "RecurrentRequest":
         """The one place a call's options are defaulted (from the config) and checked. `auto` schedules

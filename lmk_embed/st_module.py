@@ -12,7 +12,8 @@ import torch
 from sentence_transformers.base.modules import InputModule
 from transformers import AutoModel, AutoTokenizer
 
-from .encoding import ST_MODULE_CONFIG_FILE, warn_truncated
+from .checkpoint import ST_MODULE_CONFIG_FILE
+from .encoding import warn_truncated
 
 
 def in_sentence_transformers_terms(error: Exception) -> Exception:

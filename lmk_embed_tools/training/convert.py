@@ -4,7 +4,7 @@ A checkpoint folder holds config.json (with `auto_map`), model.safetensors, the 
 its family's shipped .py files (`lmk_embed.shipped_files(family)`, copied from `lmk_embed/`, so
 they are never stale), and the sentence-transformers files: modules.json,
 config_sentence_transformers.json and the `st_module.EmbedderModule` config. The model's own
-`save_pretrained` (`lmk_embed.encoding.write_checkpoint_files`) writes all of it.
+`save_pretrained` (`lmk_embed.checkpoint.write_checkpoint_files`) writes all of it.
 """
 
 from __future__ import annotations
