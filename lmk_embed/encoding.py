@@ -56,6 +56,17 @@ PROGRESS_MIN_BATCHES = 8
 TOKENIZER_LOADING_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
 
 
+# Per-call options that sentence-transformers sets its own way (`max_seq_length`, the Normalize module).
+SENTENCE_TRANSFORMERS_OWN_OPTIONS = ("max_length", "normalize")
+
+
+def call_options(options) -> tuple[str, ...]:
+    """The names of a family's per-call options (`Option.per_call`) that its sentence-transformers
+    module passes on from `SentenceTransformer.encode`: all but `SENTENCE_TRANSFORMERS_OWN_OPTIONS`."""
+    return tuple(option.name for option in options
+                 if option.per_call and option.name not in SENTENCE_TRANSFORMERS_OWN_OPTIONS)
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of a family, declared once in its configuration file (`LMK_OPTIONS`,

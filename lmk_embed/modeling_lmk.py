@@ -25,8 +25,8 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_lmk import SPLITTERS, LMKConfig, check_long_input, check_window_length
-from .encoding import EncoderMixin, check_choice, check_position_limit, check_positive_int, check_prompt
+from .configuration_lmk import LMK_OPTIONS, SPLITTERS, LMKConfig, check_long_input, check_window_length
+from .encoding import EncoderMixin, call_options, check_choice, check_position_limit, check_positive_int, check_prompt
 # onnx_backend.py imports no model file, so nothing circles back; this import also ships it in every checkpoint.
 from .onnx_backend import OnnxGraph, load_onnx_model
 from .tokenization_lmk import LayoutOptions, LMKTokenizer, cut_windows
@@ -232,7 +232,7 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
     """
 
     output_values = ("embedding", "landmarks")
-    preprocess_options = ("granularity", "splitter", "long_input", "window_length")
+    preprocess_options = call_options(LMK_OPTIONS)  # they shape the inputs
     tokenizer_class = LMKTokenizer
     # position_ids and window_document are optional
     forward_input_names = ("input_ids", "attention_mask", "landmark_mask", "position_ids", "window_document")

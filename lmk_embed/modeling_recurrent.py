@@ -33,8 +33,9 @@ from transformers.utils import ModelOutput
 
 from .compat import (Mamba2MixerParts, NormParts, cache_keyword, carried_cache, check_backbone_internals, mamba2_parts,
                      new_xlstm_cache, select_xlstm_cache_rows)
-from .configuration_recurrent import AUTO, RecurrentEmbedConfig, auto_block_size, check_block_size, check_schedule
-from .encoding import EncoderMixin, check_choice, check_position_limit, check_prompt
+from .configuration_recurrent import (AUTO, RECURRENT_OPTIONS, RecurrentEmbedConfig, auto_block_size, check_block_size,
+                                     check_schedule)
+from .encoding import EncoderMixin, call_options, check_choice, check_position_limit, check_prompt
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
 from .ssd import mamba_chunk_scan_combined  # noqa: F401 - read by benchmarks/gpu_recurrent.py
 from .ssd import ssd_scan
@@ -344,7 +345,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
     """
 
     supports_streaming = True
-    forward_options = ("schedule", "block_size")
+    forward_options = call_options(RECURRENT_OPTIONS)  # they pick the forward
     tokenizer_class = RecurrentEmbedTokenizer
     forward_input_names = ("input_ids", "attention_mask")
 
