@@ -109,9 +109,10 @@ class _Reader:
 
 # ---- the adapters: what each recurrent block step reads of its backbone, read here only ---------
 #
-# Each returns small typed parts holding the library's own modules and parameters (not copies), so
-# LoRA layers injected later and in-place weight changes are seen. The model files read only these
-# parts; `check_backbone_internals` builds them once at load, so a renamed attribute fails there.
+# Each returns small typed parts holding the library's own modules and parameters (not copies). The
+# model files read only these parts, built anew by each block step (a few reads per layer), so LoRA
+# layers injected after load and in-place weight changes are seen; `check_backbone_internals` builds
+# them once at load, so a renamed attribute fails there.
 
 
 @dataclass(frozen=True)
