@@ -54,6 +54,11 @@ ONNX_FILES = (FP32_FILE, *QUANTIZED_FILES.values())
 # One session.run holds at most about this many bytes of attention scores (rows x heads x T x T float32):
 # ONNX Runtime's CPU attention materialises them, so long inputs run a few rows at a time.
 ATTENTION_BYTES_PER_RUN = 128 * 2**20
+# ONNX Runtime fusions kept off when a session loads a graph. The export leaves each residual sum and
+# LayerNorm as Add, Add, LayerNormalization, and each FFN bias and GELU as Add, Gelu: ONNX Runtime's CPU
+# SkipLayerNormalization kernel runs about 10x slower than its LayerNormalization, and BiasGelu slower
+# than Add and Gelu (docs/onnx.md, "Unfused LayerNorm and GELU"). Its load-time optimisations would fuse them back.
+FUSIONS_OFF_AT_LOAD = ("SkipLayerNormFusion", "BiasGeluFusion")
 INPUT_NAMES = ("input_ids", "attention_mask", "landmark_mask")
 OUTPUT_NAMES = ("embedding", "pooled", "last_hidden_state")
 GRAPH_FORMAT = "lmk-embed-onnx/1"
@@ -242,6 +247,11 @@ def make_session_options(ort, num_threads: int | None = None):
     return options
 
 
+def new_session(ort, path, options=None, provider: str = "CPUExecutionProvider"):
+    """An `onnxruntime.InferenceSession` on the graph at `path`, with `FUSIONS_OFF_AT_LOAD` kept off."""
+    return ort.InferenceSession(str(path), options, providers=[provider], disabled_optimizers=list(FUSIONS_OFF_AT_LOAD))
+
+
 def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_args, backend: str = "onnx",
                     file_name: str = FP32_FILE, provider: str = "CPUExecutionProvider", num_threads: int | None = None,
                     session_options=None, config: LMKConfig | None = None, stale_graph: str = "error", **kwargs):
@@ -278,7 +288,7 @@ def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_arg
     if path is None:
         raise OSError(f"{pretrained_model_name_or_path!r} has no {file_name}: export it with `lmk-embed export-onnx CHECKPOINT`.")
     options = session_options if session_options is not None else make_session_options(ort, num_threads)
-    graph = OnnxGraph(config, ort.InferenceSession(str(path), options, providers=[provider]), file_name)
+    graph = OnnxGraph(config, new_session(ort, path, options, provider), file_name)
     # The folder the graph was found in: the local folder, or the Hub-cache snapshot of a model id
     # (where the user cannot see the export history), both with the subfolder.
     found = Path(path).parents[len(Path(file_name).parts) - 1]

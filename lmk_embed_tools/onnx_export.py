@@ -21,7 +21,7 @@ from lmk_embed.configuration_lmk import LMKConfig
 from lmk_embed.encoding import check_choice
 from lmk_embed.modeling_lmk import LMKModel
 from lmk_embed.onnx_backend import (FP32_FILE, GRAPH_FORMAT, INPUT_NAMES, INSTALL_HINT, OUTPUT_NAMES, QUANTIZED_FILES,
-                                    cpu_features, require_onnxruntime, weights_fingerprint)
+                                    cpu_features, new_session, require_onnxruntime, weights_fingerprint)
 
 OPSET = 17
 # Backbones whose exported graph ONNX Runtime's transformer optimizer fuses (its `model_type="bert"` patterns).
@@ -171,7 +171,7 @@ def export_onnx(checkpoint, quantize: str | None = None, opset: int = OPSET, fus
             _fuse(target, model.config.backbone_config)
         _write_metadata(target, graph_metadata(model, weights, "none", fused))
         onnx.checker.check_model(str(target))
-        session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+        session = new_session(ort, target)
         for batch in batches:
             with torch.no_grad():
                 expected = model(**batch).embeddings.float().numpy()
@@ -194,6 +194,8 @@ def export_onnx(checkpoint, quantize: str | None = None, opset: int = OPSET, fus
 def _fuse(path: Path, backbone_config) -> None:
     """ONNX Runtime's transformer optimizer on the graph at `path` (in place): its Python fusions only
     (`opt_level=0`), so the graph keeps no optimisation that is specific to one execution provider.
+    LayerNorm stays Add, Add, LayerNormalization and the FFN's GELU Add, Gelu, faster on ONNX Runtime's
+    CPU kernels than SkipLayerNormalization and BiasGelu (`FUSIONS_OFF_AT_LOAD` keeps them so at load).
 
     Attention is fused as `MultiHeadAttention`, then run without a mask when the batch has no padding
     and as the `Attention` op when it has (`_attention_by_padding`): without a mask ONNX Runtime's CPU
@@ -206,6 +208,7 @@ def _fuse(path: Path, backbone_config) -> None:
         raise ImportError(f"Fusing the graph needs onnxruntime, which is not installed: {INSTALL_HINT}.") from error
     options = FusionOptions("bert")
     options.use_multi_head_attention = True
+    options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = options.enable_bias_gelu = False
     optimized = optimize_model(str(path), model_type="bert", num_heads=int(backbone_config.num_attention_heads),
                                hidden_size=int(backbone_config.hidden_size), opt_level=0, optimization_options=options)
     graph = optimized.model.graph

@@ -155,6 +155,31 @@ def test_fused_attention_runs_unmasked_only_on_unpadded_batches(extended):
         assert facts["lmk_tuned_cpu"] == ",".join(cpu_features() or ["unknown"])
 
 
+def test_layer_norm_and_gelu_stay_unfused_at_load(extended, tmp_path):
+    """The fused graphs keep LayerNorm as Add, Add, LayerNormalization and the FFN's GELU as Add, Gelu,
+    and a session made the runtime's way (`new_session`) keeps them so, where ONNX Runtime's own
+    load-time optimisations would fuse them into SkipLayerNormalization and BiasGelu."""
+    import onnx
+    import onnxruntime as ort
+
+    from lmk_embed.onnx_backend import make_session_options, new_session
+
+    def op_types(path):
+        return {node.op_type for node in onnx.load(str(path)).graph.node}
+
+    slow = {"SkipLayerNormalization", "BiasGelu"}
+    for name in (FP32_FILE, INT8_FILE):
+        assert not slow & op_types(extended / name) and {"LayerNormalization", "Gelu"} <= op_types(extended / name)
+        ours, default = make_session_options(ort, 1), make_session_options(ort, 1)
+        ours.optimized_model_filepath = str(tmp_path / "ours.onnx")
+        default.optimized_model_filepath = str(tmp_path / "default.onnx")
+        new_session(ort, extended / name, ours)
+        ort.InferenceSession(str(extended / name), default, providers=["CPUExecutionProvider"])
+        assert not slow & op_types(tmp_path / "ours.onnx"), name
+        if name == FP32_FILE:  # what the list keeps off (on the tiny BERT ONNX Runtime fuses only BiasGelu back)
+            assert slow & op_types(tmp_path / "default.onnx")
+
+
 def test_fused_graph_through_sentence_transformers_and_encode_corpus(extended, real_pages, tmp_path):
     import pyarrow.parquet as pq
     from sentence_transformers import SentenceTransformer
