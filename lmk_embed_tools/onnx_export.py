@@ -132,7 +132,7 @@ def export_onnx(checkpoint, quantize: str | None = None, opset: int = OPSET, fus
 
     The checkpoint is loaded with eager attention and traced with `torch.onnx.export` (opset 17,
     dynamic batch and sequence axes). For BERT-family backbones (`FUSED_BACKBONES`) and `fuse=True`,
-    ONNX Runtime's transformer optimizer then fuses attention, LayerNorm and GELU into its contrib
+    ONNX Runtime's transformer optimizer then fuses attention, the embeddings' LayerNorm and GELU into its
     operators (the com.microsoft domain, so the graph runs on ONNX Runtime). The fp32 graph is run on
     ONNX Runtime on other batches than the traced one (other batch sizes, lengths and padding, and
     past the original positions where the table is extended) and must give the torch model's vectors
