@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo train-full train-student test install clean bench-onnx-peer bench-llamacpp bench-serve
+.PHONY: demo train-full train-student test install clean bench-onnx-peer bench-onnx-avx2 bench-llamacpp bench-serve
 
 EXTRAS := train,eval,dev,rwkv7,scale,onnx,search,serve
 
@@ -54,6 +54,18 @@ $(PEER_VENV)/.installed:
 
 bench-onnx-peer: $(STAMP) $(PEER_VENV)/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.onnx_backend --peer-python $(PEER_VENV)/bin/python
+
+# The same benchmark with AVX2 kernels on an AVX-512 CPU: benchmarks/avx2_kernels.c hides AVX-512,
+# VNNI and AMX from CPUID (Linux's CPUID faulting, the `cpuid_fault` CPU flag), so ONNX Runtime and
+# torch both take their AVX2 paths. It measures the kernels, not an AVX2 CPU's clocks or memory.
+AVX2_KERNELS := runs/avx2_kernels.so
+ONNX_AVX2_ARGS ?= --no-quality --no-corpus --runs 3
+
+$(AVX2_KERNELS): benchmarks/avx2_kernels.c
+	mkdir -p $(dir $@) && $(CC) -O2 -shared -fPIC -o $@ $<
+
+bench-onnx-avx2: $(STAMP) $(AVX2_KERNELS)
+	HF_HUB_OFFLINE=1 LD_PRELOAD=$(abspath $(AVX2_KERNELS)) $(PY) -m benchmarks.onnx_backend $(ONNX_AVX2_ARGS)
 
 # llama.cpp, the recurrent encode's CPU peer (benchmarks/recurrent_vs_llamacpp.py): llama-cpp-python
 # built from its sdist, CPU only, in a venv of its own under runs/, never in the package or the tests.
