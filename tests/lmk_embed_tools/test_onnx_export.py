@@ -153,6 +153,7 @@ def test_fused_attention_runs_unmasked_only_on_unpadded_batches(extended):
         facts = {prop.key: prop.value for prop in graph.metadata_props}
         assert facts["lmk_attention"] == "unmasked-when-unpadded"
         assert facts["lmk_tuned_cpu"] == ",".join(cpu_features() or ["unknown"])
+        assert facts["lmk_quantization"] == ("int8" if name == INT8_FILE else "none")  # the key warn_if_int8_without_vnni reads
 
 
 def test_layer_norm_and_gelu_stay_unfused_at_load(extended, tmp_path):
@@ -222,6 +223,22 @@ def test_a_graph_tuned_on_another_cpu_warns_once(tmp_path, caplog):
     warned = [record.getMessage() for record in caplog.records if "exported and measured on a CPU" in record.getMessage()]
     assert warned[0].startswith("onnx/model_qint8.onnx") and "avx512_vnni, amx_int8" in warned[0]
     assert sum("model_qint8" in message for message in warned) == 1  # once
+
+
+def test_an_int8_graph_on_a_cpu_without_vnni_warns_once(caplog):
+    from lmk_embed import onnx_backend
+
+    int8, fp32 = {"lmk_quantization": "int8"}, {"lmk_quantization": "none"}
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            onnx_backend.warn_if_int8_without_vnni(int8, "onnx/model_qint8.onnx", running=["avx2", "avx512f"])
+        onnx_backend.warn_if_int8_without_vnni(fp32, "onnx/model.onnx", running=["avx2"])
+        onnx_backend.warn_if_int8_without_vnni(int8, "onnx/int8_vnni.onnx", running=["avx2", "avx512f", "avx512_vnni"])
+        onnx_backend.warn_if_int8_without_vnni(int8, "onnx/int8_amx.onnx", running=["avx2", "amx_int8"])
+        onnx_backend.warn_if_int8_without_vnni(int8, "onnx/int8_old_cpu.onnx", running=[])  # not even AVX2
+    warned = [record.getMessage() for record in caplog.records if "has no VNNI" in record.getMessage()]
+    assert [message.split(" ", 1)[0] for message in warned] == ["onnx/model_qint8.onnx", "onnx/int8_old_cpu.onnx"]
+    assert "load onnx/model.onnx (fp32)" in warned[0]
 
 
 def test_loading_a_graph_tuned_for_features_this_cpu_lacks_warns(extended, tmp_path, caplog):
