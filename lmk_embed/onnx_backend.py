@@ -316,8 +316,9 @@ def load_onnx_model(model_class: type, pretrained_model_name_or_path, *model_arg
                                  "(lmk-embed export-onnx, then push); until then load it with backend='torch'")
     check_graph_weights(found, graph.metadata, file_name, stale_graph, remedy)
     if provider == "CPUExecutionProvider":
-        warn_if_tuned_for_other_cpu(graph.metadata, file_name)
-        warn_if_int8_without_vnni(graph.metadata, file_name)
+        running = cpu_features()  # read once for both checks
+        warn_if_tuned_for_other_cpu(graph.metadata, file_name, running)
+        warn_if_int8_without_vnni(graph.metadata, file_name, running)
     model = model_class(config, graph)
     model._tokenizer_loading_kwargs = hub
     return model
