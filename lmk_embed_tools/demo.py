@@ -62,14 +62,19 @@ def say(text: str) -> None:
 # ---- 1-2. data ------------------------------------------------------------------------------------
 
 
-def build_data(out_dir: Path, budget: dict, recipe: dict, with_validation: bool = False):
-    """(evaluation splits, training file): corpora, mined negatives and the base model's scores. With
+def build_data(out_dir: Path, budget: dict, recipe: dict, long_pages: dict | None = None, with_validation: bool = False):
+    """(evaluation splits, {"cls": training file, "lmk": training file}): corpora, mined negatives and
+    the base model's vectors. Both files hold the (synopsis, page) rows; with `long_pages`
+    (`training.recipe.LONG_PAGES`), LMK's adds the deep-sentence rows with their page targets. With
     `with_validation`, the validation split (every class and function page of its source) comes second."""
+    import random
+
     from sentence_transformers import SentenceTransformer
 
     from lmk_embed_tools.training.corpora import (OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, VALIDATION_SOURCE, build_corpus, corpus_report,
                                   evaluation_splits, validation_split)
-    from lmk_embed_tools.training.recipe import add_teacher_embeddings, docs_training_rows, write_rows
+    from lmk_embed_tools.training.long_pages import deep_page_rows
+    from lmk_embed_tools.training.recipe import add_teacher_embeddings, cut_rows_to_recipe, docs_training_rows, write_rows
 
     corpus = build_corpus(out_dir.parent / "corpora")
     report = corpus_report(corpus)
@@ -97,11 +102,23 @@ def build_data(out_dir: Path, budget: dict, recipe: dict, with_validation: bool 
     negatives = (f"{recipe['num_negatives']} BM25 hard negative(s) each" if recipe["num_negatives"]
                  else "in-batch negatives only")
     say(f"Training rows: {len(rows)} drawn evenly from {', '.join(TRAIN_SOURCES)}; {negatives}.")
+    teacher = SentenceTransformer(minilm_path(), device="cpu")
     if recipe["distill_weight"] > 0:
         say("Embedding the training rows with the untouched base model (the distillation teacher) ...")
-        teacher = SentenceTransformer(minilm_path(), device="cpu")
         add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
-    return splits, write_rows(rows, out_dir / "train.jsonl")
+    files = {"cls": write_rows(rows, out_dir / "train.jsonl")}
+    if long_pages is None:
+        return splits, {**files, "lmk": files["cls"]}
+    deep = deep_page_rows(corpus, teacher, passage_max_length=long_pages["passage_max_length"],
+                          query_max_length=long_pages["query_max_length"], min_granularity=min(recipe["granularities"]),
+                          page_window=long_pages["page_window"], first_window_weight=long_pages["first_window_weight"],
+                          min_depth=long_pages["min_depth"])
+    mixed = cut_rows_to_recipe(rows, teacher.tokenizer, recipe) + deep
+    random.Random(0).shuffle(mixed)
+    say(f"Long pages (LMK only): {len(deep)} deep-sentence rows (a sentence {long_pages['min_depth']}+ tokens deep in a "
+        f"training page, removed from it), read in windows of {long_pages['passage_window_length']}; "
+        f"{len(mixed)} rows in all.")
+    return splits, {**files, "lmk": write_rows(mixed, out_dir / "train-lmk.jsonl")}
 
 
 # ---- 3. fine-tuning ---------------------------------------------------------------------------------
@@ -119,20 +136,34 @@ def convert_bases(out_dir: Path, recipe: dict) -> dict[str, Path]:
     }
 
 
-def train_config(base: Path, name: str, train_file: Path, out_dir: Path, steps: int, recipe: dict):
+def train_config(base: Path, name: str, train_file: Path, out_dir: Path, steps: int, recipe: dict,
+                 long_pages: dict | None = None):
+    """The run's `TrainConfig`: the recipe's fields, and for LMK with `long_pages` the long-page fields."""
     from lmk_embed_tools.training import TrainConfig
-    from lmk_embed_tools.training.recipe import training_fields
+    from lmk_embed_tools.training.recipe import long_page_fields, training_fields
 
+    fields = training_fields(recipe)
+    if name == "lmk" and long_pages is not None:
+        fields.update(long_page_fields(long_pages, minilm_path()))
     return TrainConfig(model=str(base), output_dir=str(out_dir / f"run-{name}"), train_data=str(train_file),
-                       eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=20, seed=0,
-                       **training_fields(recipe))
+                       eval_data="none", max_steps=steps, save_steps=100_000, logging_steps=20, seed=0, **fields)
 
 
-def finetune_side_by_side(bases: dict[str, Path], train_file: Path, out_dir: Path, steps: int, recipe: dict) -> dict[str, Path]:
+def training_steps(train_file: Path, steps: int, recipe: dict) -> int:
+    """The budget's steps of (synopsis, page) rows, and as many more as the file's other rows fill."""
+    with open(train_file, encoding="utf-8") as handle:
+        rows = sum(1 for _ in handle)
+    return max(steps, -(-rows // recipe["per_device_train_batch_size"]))
+
+
+def finetune_side_by_side(bases: dict[str, Path], train_files: dict[str, Path], out_dir: Path, steps: int, recipe: dict,
+                          long_pages: dict | None = None) -> dict[str, Path]:
     """Both models at once, one process and half the cores each (sooner than one after the other on a CPU)."""
     from lmk_embed_tools.training import train_side_by_side
 
-    configs = {name: train_config(base, name, train_file, out_dir, steps, recipe) for name, base in bases.items()}
+    configs = {name: train_config(base, name, train_files[name], out_dir, training_steps(train_files[name], steps, recipe),
+                                  recipe, long_pages if name == "lmk" else None)
+               for name, base in bases.items()}
     say(f"  training {' and '.join(configs)} side by side; their output goes to "
         + ", ".join(str(Path(c.output_dir) / "train.log") for c in configs.values()))
     runs = train_side_by_side(configs)
@@ -362,16 +393,17 @@ def ablate(overrides: list[str], budget: dict, runs_dir: Path) -> int:
     ablation is set against it there, with the 95% paired bootstrap interval."""
     from lmk_embed_tools.evaluation.table import evaluate_table, format_table
     from lmk_embed_tools.training import train
-    from lmk_embed_tools.training.recipe import RECIPE
+    from lmk_embed_tools.training.recipe import LONG_PAGES, RECIPE
 
     changes = dict(parse_override(text, RECIPE) for text in overrides)
     recipe = {**RECIPE, **changes}
     name = ", ".join(f"{k}={v}" for k, v in changes.items()) + f" ({budget['steps']} steps)"
     out = runs_dir / ("ablation-" + "-".join(f"{k}{v}" for k, v in changes.items()))  # shares runs_dir/corpora
     start = time.perf_counter()
-    splits, train_file = build_data(out, budget, recipe, with_validation=True)
+    splits, train_files = build_data(out, budget, recipe, LONG_PAGES, with_validation=True)
     base = convert_bases(out / "checkpoints", recipe)["lmk"]
-    trained = train(train_config(base, "lmk", train_file, out, budget["steps"], recipe))["final_dir"]
+    steps = training_steps(train_files["lmk"], budget["steps"], recipe)
+    trained = train(train_config(base, "lmk", train_files["lmk"], out, steps, recipe, LONG_PAGES))["final_dir"]
     model = load_checkpoint(trained)
     rows = evaluate_table({f"trained LMK, {name}": (model, [512])}, splits, per_query=True)
     ablation_results = runs_dir / "ablation_results.json"
@@ -546,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from lmk_embed_tools.training.recipe import RECIPE
+    from lmk_embed_tools.training.recipe import LONG_PAGES, RECIPE
 
     budget = dict(BUDGETS[args.budget])
     if args.steps is not None:
@@ -566,13 +598,13 @@ def run_demo(args: argparse.Namespace) -> int:
         say(f"[{stage}: {time.perf_counter() - start:.0f}s since the start]")
 
     say("1-2. Corpora, splits, training rows ...")
-    splits, train_file = build_data(out_dir, budget, RECIPE)
+    splits, train_files = build_data(out_dir, budget, RECIPE, LONG_PAGES)
     lap("data")
 
     say(f"\n3. Fine-tuning MiniLM with LMK and with CLS pooling ({budget['steps']} steps each; recipe: "
         + ", ".join(f"{k}={v}" for k, v in RECIPE.items()) + ") ...")
     untrained = convert_bases(out_dir / "checkpoints", RECIPE)
-    trained = finetune_side_by_side(untrained, train_file, out_dir, budget["steps"], RECIPE)
+    trained = finetune_side_by_side(untrained, train_files, out_dir, budget["steps"], RECIPE, LONG_PAGES)
     lap("fine-tuning")
 
     say("\n4. Evaluating every model on every split (mteb) ...")

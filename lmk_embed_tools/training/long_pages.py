@@ -107,24 +107,17 @@ def add_page_targets(rows: list[dict], teacher, query_tokens: int, content_token
                                           first_window_weight=first_window_weight, window=window, batch_size=batch_size)
 
 
-def long_page_rows(corpus: dict[str, list[DocItem]], teacher, *, rows: int, deep_share: float, passage_max_length: int,
-                   query_max_length: int, min_granularity: int, page_window: int, first_window_weight: float,
-                   min_depth: int = 300, seed: int = 0) -> list[dict]:
-    """The long-page recipe's training rows, shuffled with `seed`: (synopsis, page) pairs drawn evenly
-    from the training sources and, for up to a `deep_share` of `rows`, deep-sentence pairs; every page cut
-    to what the student reads at every g (`content_budget`) and every row given its page target
+def deep_page_rows(corpus: dict[str, list[DocItem]], teacher, *, passage_max_length: int, query_max_length: int,
+                   min_granularity: int, page_window: int, first_window_weight: float, min_depth: int = 300,
+                   max_rows: int | None = None, seed: int = 0) -> list[dict]:
+    """The deep-sentence rows of the training sources (`deep_sentence_rows`), each page cut to what the
+    student reads at every g (`content_budget` of `passage_max_length`) and given its page target
     (`add_page_targets`: the base's windows of `page_window` tokens, the first weighted by
     `first_window_weight`). Queries are cut to the landmark budget of `query_max_length` less one."""
-    from .recipe import docs_training_rows
-
     content = content_budget(passage_max_length, min_granularity)
-    pairs = docs_training_rows(corpus, num_negatives=0, max_rows=rows - round(rows * deep_share), seed=seed)
-    deep = deep_sentence_rows(corpus, teacher.tokenizer, content, min_depth=min_depth, max_rows=rows - len(pairs),
-                              seed=seed)
-    mixed = pairs + deep  # fewer than `rows` when the sources hold fewer deep sentences
-    random.Random(seed).shuffle(mixed)
+    rows = deep_sentence_rows(corpus, teacher.tokenizer, content, min_depth=min_depth, max_rows=max_rows, seed=seed)
     query_tokens = content_budget(query_max_length, min_granularity) - 1
-    return add_page_targets(mixed, teacher, query_tokens, content, page_window, first_window_weight)
+    return add_page_targets(rows, teacher, query_tokens, content, page_window, first_window_weight)
 
 
 def special_template(tokenizer) -> tuple[list[int], list[int]]:
@@ -168,11 +161,21 @@ def teacher_window_vectors(teacher, content_ids: list[list[int]], template: tupl
     return nn.functional.normalize(vectors.float(), dim=-1)
 
 
+def cut_windows(features: dict) -> torch.Tensor:
+    """[R] bool: the rows of a column that are windows of a page read in more than one window. A page
+    that fits one window is pulled to its page target only, so short pages train as without the term."""
+    document = features.get("window_document")
+    if document is None:
+        return torch.zeros(features["input_ids"].shape[0], dtype=torch.bool)
+    return torch.bincount(document)[document] > 1
+
+
 class InfoNCEWithWindowDistillation(nn.Module):
     """InfoNCE on the page vectors, plus `weight` x the cosine distance to each row's
     `teacher_embeddings` (the page target, as `InfoNCEWithEmbeddingDistillation`), plus
     `window_weight` x the mean cosine distance between each passage window's landmark mean and the
-    teacher's vector of the same span (`teacher_window_vectors`).
+    teacher's vector of the same span (`teacher_window_vectors`), over the windows of pages read in
+    more than one window (`cut_windows`).
 
     The LMK model reads each column once: its rows are windows ([R, T], `window_document` [R] when a
     text was cut), their landmark means are the window vectors [R, D], and the page vectors [B, D]
@@ -216,10 +219,13 @@ class InfoNCEWithWindowDistillation(nn.Module):
             loss = loss + self.weight * (1 - nn.functional.cosine_similarity(student, teacher, dim=-1).mean())
         distances = []
         for features, (_, windows) in zip(sentence_features[1:], columns[1:]):  # passages only
-            ids = window_content_ids(features["input_ids"], features["attention_mask"], features["landmark_mask"],
-                                     self.has_start)
+            cut = cut_windows(features)
+            if not cut.any():
+                continue
+            ids = window_content_ids(features["input_ids"][cut], features["attention_mask"][cut],
+                                     features["landmark_mask"][cut], self.has_start)
             target = teacher_window_vectors(self.teacher, ids, self.template).to(windows.dtype)
-            distances.append(1 - nn.functional.cosine_similarity(windows, target, dim=-1))
+            distances.append(1 - nn.functional.cosine_similarity(windows[cut], target, dim=-1))
         if distances:
             loss = loss + self.window_weight * torch.cat(distances).mean()
         return loss

@@ -147,8 +147,48 @@ RECIPE = {
 }
 CONVERSION_KEYS = ("splitter", "granularity", "granularities", "max_positions", "position_extension", "long_input")
 
+# The one checkpoint's long pages (docs/long-inputs.md): the LMK model also trains on deep-sentence rows
+# (a prose sentence 300-992 tokens deep in a training page, removed from it, is the query), read in the
+# checkpoint's own windows of 512 with the window term; the (synopsis, page) rows stay as above: cut to
+# what the recipe reads at 512 tokens, they fit one window and train exactly as before (the window term
+# weighs only pages read in more than one window). CLS trains on the (synopsis, page) rows alone.
+LONG_PAGES = {
+    "passage_max_length": 1024,  # a deep row's page: 992 content tokens at every g >= 32
+    "query_max_length": 64,  # a deep sentence has 8-60 words
+    "passage_long_input": "windows",
+    "passage_window_length": 512,  # the checkpoint's W: a page of at most 512 tokens is one window, one pass
+    "window_distill_weight": 1.0,
+    "min_depth": 300,
+    "page_window": 256,  # a deep row's page target: the base's windows-mean of 256-token windows
+    "first_window_weight": 0.0,
+}
+LONG_PAGE_TRAINING_KEYS = ("passage_max_length", "query_max_length", "passage_long_input", "passage_window_length",
+                           "window_distill_weight")
+
 
 def training_fields(recipe: dict) -> dict:
     """The recipe's `TrainConfig` fields: its LMK layout keys go to the conversion instead, and the
     teacher's max length to the rows (`add_teacher_embeddings`)."""
     return {k: v for k, v in recipe.items() if k not in (*CONVERSION_KEYS, "teacher_max_length")}
+
+
+def long_page_fields(long_pages: dict, window_teacher: str) -> dict:
+    """The `TrainConfig` fields the LMK run adds to `training_fields(RECIPE)` for its long pages."""
+    return {**{key: long_pages[key] for key in LONG_PAGE_TRAINING_KEYS}, "window_teacher": window_teacher}
+
+
+def cut_rows_to_recipe(rows: list[dict], tokenizer, recipe: dict) -> list[dict]:
+    """(synopsis, page) rows cut to the content the recipe's LMK layout reads at every g (its
+    `query_max_length` and `passage_max_length`, landmarks counted), so that a longer training budget
+    reads them as the recipe does: each page fits one window of 512 tokens."""
+    from .long_pages import content_budget
+    from .student import cut_to_tokens
+
+    smallest = min(recipe["granularities"])
+    query_tokens = content_budget(recipe["query_max_length"], smallest)
+    page_tokens = content_budget(recipe["passage_max_length"], smallest)
+    queries = cut_to_tokens(tokenizer, [row["query"] for row in rows], query_tokens)
+    pages = cut_to_tokens(tokenizer, [row["positive"] for row in rows], page_tokens)
+    negatives = [cut_to_tokens(tokenizer, row["negatives"], page_tokens) if row["negatives"] else [] for row in rows]
+    return [{**row, "query": query, "positive": page, "negatives": negative}
+            for row, query, page, negative in zip(rows, queries, pages, negatives)]
