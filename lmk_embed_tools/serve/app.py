@@ -1,134 +1,388 @@
-"""The Ray Serve application of `lmk-embed serve`: a FastAPI ingress over replicas of `ServedModel`.
+"""The HTTP side of `lmk-embed serve`: a FastAPI app over one `ServedModel` (`build_api`), and the Ray
+Serve deployment that runs it on each replica (`EmbeddingServer`).
 
-Embedding requests are checked and their tokens counted as they arrive; then `@serve.batch` gathers
-the requests that reach a replica within `batch_wait_ms` (at most `max_batch_size` of them) into one
-`ServedModel.embed` call, which hands each request back exactly its own rows. The model runs in a
-worker thread so the replica keeps answering (and queueing the next batch) while it computes.
+Every request gets an id (the `x-request-id` header of its answer). `Guard` checks the API key
+before anything else, holds the request to its deadline (504), and answers an unexpected fault with
+500 "internal error" and the id, the trace going to the replica's log under that id. The embedding
+routes read the body against the byte limit while it streams in (413) and within the read timeout
+(408), parse and count it (`protocol`, `ServedModel.check`), take a place in the replica's bounded
+queue (429 with `retry-after` when it is full) and only then reach the model. On a replica,
+`@serve.batch` gathers the requests that arrive within `batch_wait_ms` (at most `max_batch_size`)
+into one `ServedModel.embed` call, which hands each request back exactly its own rows; the model
+runs in a worker thread so the replica keeps answering while it computes.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (`Request`) as types.
 import asyncio
+import collections
+import hashlib
+import hmac
 import json
+import logging
 import os
 import time
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-import ray
-from ray import serve
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from . import protocol
-from .protocol import ApiError
+from .protocol import ApiError, Limits
 
-api = FastAPI(title="lmk-embed", docs_url=None, redoc_url=None)
+logger = logging.getLogger("lmk_embed_tools.serve")
+# The one path open without a key: load balancers and orchestrators probe it.
+OPEN_PATHS = ("/health",)
+# The header that carries a request's id, in the request and its answer (Ray Serve's too).
+REQUEST_ID_HEADER = "x-request-id"
+# Sent with a 429: a replica's queue drains in about a batch's time.
+RETRY_AFTER_S = 1
+# Histogram boundaries: requests in one batch, and seconds a request took.
+BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64]
+LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
+
+
+def key_digest(api_key: str | None) -> bytes | None:
+    """What a replica keeps of the API key: its SHA-256, so the key itself never leaves the command."""
+    return None if api_key is None else hashlib.sha256(api_key.encode("utf-8")).digest()
+
+
+class Metrics:
+    """One replica's Prometheus-style metrics: requests by route and status, their latency, tokens
+    embedded, rejections by reason and batch sizes. Kept here as counts (what the tests read) and,
+    on a Ray Serve replica, exported through `ray.serve.metrics` (Ray adds the deployment, replica
+    and application tags; Ray's metrics agent serves them to Prometheus)."""
+
+    def __init__(self, export: bool = False):
+        self.counts: collections.Counter = collections.Counter()
+        self.exported = None
+        if export:
+            from ray.serve import metrics
+
+            self.exported = {
+                "requests": metrics.Counter("lmk_embed_requests", "HTTP requests answered, by route and status",
+                                            tag_keys=("path", "status")),
+                "latency": metrics.Histogram("lmk_embed_request_seconds", "seconds from arrival to answer, by route",
+                                             boundaries=LATENCY_BOUNDARIES, tag_keys=("path",)),
+                "tokens": metrics.Counter("lmk_embed_tokens", "model tokens of the texts embedded (usage)"),
+                "rejections": metrics.Counter("lmk_embed_rejections", "requests refused, by reason (the error code)",
+                                              tag_keys=("reason",)),
+                "batch_size": metrics.Histogram("lmk_embed_batch_size", "requests one model call embedded",
+                                                boundaries=BATCH_SIZE_BOUNDARIES),
+            }
+
+    def request(self, path: str, status: int, seconds: float) -> None:
+        self.counts["requests", path, status] += 1
+        if self.exported:
+            self.exported["requests"].inc(tags={"path": path, "status": str(status)})
+            self.exported["latency"].observe(seconds, tags={"path": path})
+
+    def tokens(self, count: int) -> None:
+        self.counts["tokens"] += count
+        if self.exported:
+            self.exported["tokens"].inc(count)
+
+    def rejected(self, reason: str) -> None:
+        self.counts["rejections", reason] += 1
+        if self.exported:
+            self.exported["rejections"].inc(tags={"reason": reason})
+
+    def batch(self, size: int) -> None:
+        self.counts["batches", size] += 1
+        if self.exported:
+            self.exported["batch_size"].observe(size)
+
+
+class Frontend:
+    """What the routes of one replica share: the model (`ServedModel`), the `Limits`, the key's digest
+    (None: no key), the metrics, and `embed(request, deadline) -> vectors`, the model call (on a
+    replica a batched one; by default one request at a time in a worker thread). `queued` counts the
+    embedding requests admitted and not yet answered (`Limits.max_queued_requests` at most)."""
+
+    def __init__(self, served, limits: Limits, api_key_digest: bytes | None = None, embed=None,
+                 metrics: Metrics | None = None):
+        self.served, self.limits, self.api_key_digest = served, limits, api_key_digest
+        self.embed = embed or self.embed_alone
+        self.metrics = metrics or Metrics()
+        self.queued = 0
+        self.created = int(time.time())
+        self.where: dict = {}  # on a replica: its id and node, for /health
+        self.behind_proxy = False  # on a replica: Ray Serve's proxy gives each request its id
+
+    async def embed_alone(self, request: protocol.EmbeddingRequest, deadline: float):
+        return (await asyncio.to_thread(self.served.embed, [request]))[0]
+
+    def authorized(self, headers) -> bool:
+        if self.api_key_digest is None:
+            return True
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        digest = hashlib.sha256(given.strip().encode("utf-8")).digest()
+        return hmac.compare_digest(digest, self.api_key_digest) and scheme.lower() == "bearer"
+
+    def check_room(self) -> None:
+        """429 at once when the replica already holds `max_queued_requests` embedding requests."""
+        if self.queued >= self.limits.max_queued_requests:
+            raise ApiError(f"the server is busy: this replica holds {self.queued} requests, its limit "
+                           "(--max-queued-requests); retry after the time in `retry-after`", status=429,
+                           type="rate_limit_error", code="server_busy", headers={"retry-after": str(RETRY_AFTER_S)})
 
 
 def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-@api.exception_handler(ApiError)
-async def api_error(_, error: ApiError):
-    return error_response(error)
+async def send_error(send, error: ApiError, request_id: str | None) -> None:
+    """An error answer sent straight over ASGI (from `Guard`, outside the app), with the request id
+    unless a proxy in front adds it."""
+    body = json.dumps(error.body()).encode("utf-8")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *([(REQUEST_ID_HEADER.encode(), request_id.encode())] if request_id else []),
+               *((name.encode(), value.encode()) for name, value in error.headers.items())]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
-@api.exception_handler(HTTPException)
-async def http_error(_, error: HTTPException):  # unknown paths and methods, in OpenAI's shape too
-    return error_response(ApiError(str(error.detail), status=error.status_code, code="not_found"
-                                   if error.status_code == 404 else "method_not_allowed"))
+class Guard:
+    """ASGI middleware around the routes: the request id, the key, the deadline, the 500 without
+    internals, and the request metrics."""
+
+    def __init__(self, app, frontend: Frontend):
+        self.app, self.frontend = app, frontend
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        frontend, path = self.frontend, scope.get("path", "")
+        headers = Headers(scope)
+        # Behind Ray Serve's proxy the request already has its id (the client's, or one the proxy made),
+        # and the proxy puts it on the answer; here alone, the app gives one.
+        request_id = headers.get(REQUEST_ID_HEADER) if frontend.behind_proxy else None
+        request_id = request_id or uuid.uuid4().hex
+        started, status, arrived = False, 500, time.monotonic()
+
+        async def send_with_id(message):
+            nonlocal started, status
+            if message["type"] == "http.response.start":
+                started, status = True, message["status"]
+                if not frontend.behind_proxy:
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      (REQUEST_ID_HEADER.encode(), request_id.encode())]}
+            await send(message)
+
+        async def refuse(error: ApiError):
+            nonlocal status
+            status = error.status
+            frontend.metrics.rejected(error.code)
+            await send_error(send, error, None if frontend.behind_proxy else request_id)
+
+        try:
+            if path not in OPEN_PATHS and not frontend.authorized(headers):
+                return await refuse(ApiError("missing or wrong API key: send `Authorization: Bearer KEY`", status=401,
+                                             code="invalid_api_key", headers={"www-authenticate": "Bearer"}))
+            try:
+                async with asyncio.timeout(frontend.limits.request_timeout_s):
+                    await self.app(scope, receive, send_with_id)
+            except TimeoutError:
+                if not started:
+                    await refuse(ApiError(f"the request took longer than this server's limit of "
+                                          f"{frontend.limits.request_timeout_s:g} s (--request-timeout-s)", status=504,
+                                          type="server_error", code="timeout"))
+        except Exception:
+            logger.exception("request %s failed", request_id)
+            if not started:
+                status = 500
+                await send_error(send, ApiError(f"internal error (request id {request_id})", status=500,
+                                                type="server_error", code="internal_error"),
+                                 None if frontend.behind_proxy else request_id)
+        finally:
+            frontend.metrics.request(path if path in ROUTES else "other", status, time.monotonic() - arrived)
 
 
-@api.exception_handler(RequestValidationError)
-async def validation_error(_, error: RequestValidationError):
-    return error_response(ApiError(f"invalid request: {error.errors()[:1]}", code="invalid_body"))
+class Headers(dict):
+    """An ASGI scope's headers by lower-case name (the last value of a repeated one)."""
+
+    def __init__(self, scope):
+        super().__init__((name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in scope["headers"])
 
 
-@api.exception_handler(Exception)
-async def server_error(_, error: Exception):  # a fault of the server, never of the request: checked before
-    return error_response(ApiError(f"the server failed: {type(error).__name__}: {error}", status=500,
-                                   type="server_error", code="internal_error"))
-
-
-async def read_json(request: Request):
-    """The body as JSON, or 400 naming the fault (not JSON, not UTF-8)."""
-    raw = await request.body()
+async def read_json(request: Request, limits: Limits):
+    """The body as JSON, read while it streams in: 413 past `max_body_bytes` (a declared
+    content-length over it before a byte is read), 408 when it has not all arrived within
+    `read_timeout_s`, 400 when it is cut off, not UTF-8 or not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ApiError(f"content-length {declared!r} is not a number of bytes", code="invalid_body")
+        declared = int(declared)
+    too_large = ApiError(f"the request body is over this server's limit of {limits.max_body_bytes} bytes "
+                         "(--max-body-bytes); send fewer texts a request", status=413, code="request_too_large")
+    if declared is not None and declared > limits.max_body_bytes:
+        raise too_large
+    chunks, size = [], 0
     try:
-        return json.loads(raw)
+        async with asyncio.timeout(limits.read_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(f"the request body did not arrive within {limits.read_timeout_s:g} s (--read-timeout-s): "
+                       f"{size} bytes came", status=408, code="request_timeout") from None
+    except ClientDisconnect:
+        raise ApiError(f"the request body was cut off after {size} bytes", code="incomplete_body") from None
+    if declared is not None and size != declared:
+        raise ApiError(f"the request body ended after {size} of its {declared} bytes", code="incomplete_body")
+    try:
+        return json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ApiError(f"the request body is not valid JSON: {error}", code="invalid_json") from None
 
 
-@serve.deployment(name="lmk-embed", ray_actor_options={"num_cpus": 1})
-@serve.ingress(api)
-class EmbeddingServer:
-    """One replica: the model (and index) of `settings` (`ServedModel`'s arguments), batching set
-    by `max_batch_size` and `batch_wait_ms`."""
+# Routes by path (others are counted as "other" in the metrics).
+ROUTES = ("/v1/embeddings", "/v1/landmarks", "/v1/search", "/v1/models", "/health")
 
-    def __init__(self, settings: dict, max_batch_size: int = 16, batch_wait_ms: float = 5.0):
-        from .model import ServedModel
 
-        self.served = ServedModel(**settings)
-        self.created = int(time.time())
-        self.embed_batch.set_max_batch_size(max_batch_size)
-        self.embed_batch.set_batch_wait_timeout_s(batch_wait_ms / 1000)
+def build_api(frontend: Frontend) -> FastAPI:
+    """The FastAPI app of one replica: its routes over `frontend`, inside `Guard`."""
+    api = FastAPI(title="lmk-embed", docs_url=None, redoc_url=None, openapi_url=None)
+    served, limits = frontend.served, frontend.limits
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def embed_batch(self, requests: list) -> list:
-        return await asyncio.to_thread(self.served.embed, requests)
+    @api.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        frontend.metrics.rejected(error.code)
+        return error_response(error)
 
-    def parse(self, body, landmarks: bool = False) -> protocol.EmbeddingRequest:
-        served = self.served
-        return protocol.parse_embeddings(body, served.name, served.dimension, served.family, landmarks)
+    @api.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):  # unknown paths and methods, in OpenAI's shape too
+        code = "not_found" if error.status_code == 404 else "method_not_allowed"
+        return await api_error(request, ApiError(str(error.detail), status=error.status_code, code=code))
+
+    @api.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError):
+        return await api_error(request, ApiError(f"invalid request: {error.errors()[:1]}", code="invalid_body"))
+
+    async def checked_embedding_request(request: Request, landmarks: bool = False):
+        """A parsed, counted embedding request, admitted to the queue: (request, tokens)."""
+        frontend.check_room()  # before the body is read: a full replica answers at once
+        parsed = protocol.parse_embeddings(await read_json(request, limits), served.name, served.dimension,
+                                           served.family, landmarks, served.per_request, served.fixed,
+                                           limits.max_inputs)
+        tokens = await asyncio.to_thread(served.check, parsed)
+        frontend.check_room()
+        return parsed, tokens
 
     @api.post("/v1/embeddings")
-    async def embeddings(self, request: Request):
-        parsed = self.parse(await read_json(request))
-        tokens = await asyncio.to_thread(self.served.check, parsed)
-        vectors = await self.embed_batch(parsed)
-        return protocol.embeddings_response(vectors, parsed, self.served.name, tokens)
+    async def embeddings(request: Request):
+        parsed, tokens = await checked_embedding_request(request)
+        frontend.queued += 1
+        try:
+            vectors = await frontend.embed(parsed, time.monotonic() + limits.request_timeout_s)
+        finally:
+            frontend.queued -= 1
+        frontend.metrics.tokens(tokens)
+        return protocol.embeddings_response(vectors, parsed, served.name, tokens)
 
     @api.post("/v1/landmarks")
-    async def landmarks(self, request: Request):
-        parsed = self.parse(await read_json(request), landmarks=True)
-        tokens = await asyncio.to_thread(self.served.check, parsed)
-        output = await asyncio.to_thread(self.served.landmarks, parsed)
+    async def landmarks(request: Request):
+        parsed, tokens = await checked_embedding_request(request, landmarks=True)
+        frontend.queued += 1
+        try:
+            output = await asyncio.to_thread(served.landmarks, parsed)
+        finally:
+            frontend.queued -= 1
+        frontend.metrics.tokens(tokens)
         data = [{"object": "landmarks", "index": index,
                  "landmarks": [{"embedding": protocol.encode_vector(vector, parsed.encoding_format), "span": span}
                                for vector, span in zip(item["embeddings"], item["spans"])]}
                 for index, item in enumerate(output)]
-        return {"object": "list", "data": data, "model": self.served.name,
+        return {"object": "list", "data": data, "model": served.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     @api.post("/v1/search")
-    async def search(self, request: Request):
-        parsed = protocol.parse_search(await read_json(request), self.served.name)
-        results = await asyncio.to_thread(self.served.search, parsed)
-        return {"object": "list", "model": self.served.name, "mode": parsed.mode,
+    async def search(request: Request):
+        frontend.check_room()
+        parsed = protocol.parse_search(await read_json(request, limits), served.name)
+        frontend.queued += 1
+        try:
+            results = await asyncio.to_thread(served.search, parsed)
+        finally:
+            frontend.queued -= 1
+        return {"object": "list", "model": served.name, "mode": parsed.mode,
                 "data": [{"object": "search_result", "index": index, "query": query, "hits": hits}
                          for index, (query, hits) in enumerate(zip(parsed.queries, results))]}
 
     @api.get("/v1/models")
-    async def models(self):
-        served = self.served
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": self.created,
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": frontend.created,
                                             "owned_by": "lmk-embed", "family": served.family,
                                             "dimension": served.dimension, "search": served.index is not None}]}
 
     @api.get("/health")
-    async def health(self):
+    async def health():
         """Ready: a replica answers only once its model is loaded. Names the replica, its node and process,
         so an operator (and the tests) can see where requests land."""
-        replica = serve.get_replica_context().replica_id
-        return {"status": "ok", "model": self.served.name, "replica": str(getattr(replica, "unique_id", replica)),
-                "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"status": "ok", "model": served.name, **frontend.where, "pid": os.getpid(), "queued": frontend.queued}
+
+    api.add_middleware(Guard, frontend=frontend)
+    return api
 
 
-def build_application(settings: dict, replicas: int = 1, num_cpus: float = 1, max_batch_size: int = 16,
-                      batch_wait_ms: float = 5.0):
+def replica_class():
+    """The Ray Serve deployment class (Ray imported only when serving)."""
+    from ray import serve
+
+    @serve.deployment(name="lmk-embed", ray_actor_options={"num_cpus": 1})
+    @serve.ingress()
+    class EmbeddingServer:
+        """One replica: the model (and index) of `settings` (`ServedModel`'s arguments), `limits`, the
+        key's digest, batching set by `max_batch_size` and `batch_wait_ms`."""
+
+        def __init__(self, settings: dict, limits: Limits, api_key_digest: bytes | None = None,
+                     max_batch_size: int = 16, batch_wait_ms: float = 5.0):
+            from .model import ServedModel
+
+            import ray
+
+            self.frontend = Frontend(ServedModel(**settings), limits, api_key_digest, embed=self.embed,
+                                     metrics=Metrics(export=True))
+            self.frontend.behind_proxy = True
+            replica = serve.get_replica_context().replica_id
+            self.frontend.where = {"replica": str(getattr(replica, "unique_id", replica)),
+                                   "node": ray.get_runtime_context().get_node_id()}
+            self.embed_batch.set_max_batch_size(max_batch_size)
+            self.embed_batch.set_batch_wait_timeout_s(batch_wait_ms / 1000)
+
+        async def embed(self, request, deadline: float):
+            return await self.embed_batch((request, deadline))
+
+        @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+        async def embed_batch(self, items: list) -> list:
+            """One model call for the batch's requests still inside their deadline (the others get None:
+            their clients already have a 504)."""
+            now = time.monotonic()
+            live = [number for number, (_, deadline) in enumerate(items) if deadline > now]
+            results: list = [None] * len(items)
+            if live:
+                self.frontend.metrics.batch(len(live))
+                vectors = await asyncio.to_thread(self.frontend.served.embed, [items[number][0] for number in live])
+                for number, value in zip(live, vectors):
+                    results[number] = value
+            return results
+
+        def __serve_build_asgi_app__(self):
+            return build_api(self.frontend)
+
+    return EmbeddingServer
+
+
+def build_application(settings: dict, limits: Limits, api_key: str | None = None, replicas: int = 1,
+                      num_cpus: float = 1, max_batch_size: int = 16, batch_wait_ms: float = 5.0):
     """The bound application: `replicas` copies of the model, each reserving `num_cpus` Ray CPUs."""
-    # Serve lets 5 requests into a replica by default: too few to fill a batch. Four batches may wait.
-    deployment = EmbeddingServer.options(num_replicas=replicas, ray_actor_options={"num_cpus": num_cpus},
-                                         max_ongoing_requests=4 * max_batch_size)
-    return deployment.bind(settings, max_batch_size, batch_wait_ms)
+    # Ray lets a replica take more requests than its queue holds, so that the ones past the queue reach
+    # the app and get their 429 at once instead of waiting in Ray's router; the probes and checks too.
+    deployment = replica_class().options(num_replicas=replicas, ray_actor_options={"num_cpus": num_cpus},
+                                         max_ongoing_requests=2 * limits.max_queued_requests + 32)
+    return deployment.bind(settings, limits, key_digest(api_key), max_batch_size, batch_wait_ms)

@@ -7,6 +7,7 @@ benchmark can call it in-process.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -14,26 +15,29 @@ import numpy as np
 from .protocol import ApiError, EmbeddingRequest, SearchRequest, check_lengths, shape_vectors
 
 FAMILIES = {"lmk_embedder": "lmk", "recurrent_embedder": "recurrent"}
-# Reciprocal rank fusion's constant (Cormack et al. 2009), and how deep each ranking is read for it.
-RRF_K = 60
-FUSION_DEPTH = 50
 
 
-def encode_options(model) -> dict:
-    """The options of every `encode` the server makes: an LMK checkpoint with landmark pooling reads
-    long texts in its windows schedule (never cut at the backbone's positions); the recurrent family
-    reads any length as it is."""
-    if model.config.model_type == "lmk_embedder" and model.config.pooling == "lmk":
-        return {"long_input": "windows"}
-    return {}
+# The option specs a checkpoint's configuration file declares, by family (`lmk_embed.encoding.Option`).
+OPTION_SPECS = {"lmk": "LMK_OPTIONS", "recurrent": "RECURRENT_OPTIONS"}
+
+
+def option_names(model, family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(per-call, fixed) option names of the spec the checkpoint's own configuration file declares;
+    ((), ()) for a checkpoint whose code declares none."""
+    spec = getattr(importlib.import_module(type(model.config).__module__), OPTION_SPECS[family], ())
+    return (tuple(option.name for option in spec if option.per_call),
+            tuple(option.name for option in spec if not option.per_call))
 
 
 class ServedModel:
-    """A checkpoint loaded for serving. `index`: an `encode-corpus --output-value landmarks` folder
-    encoded by this checkpoint (checked), for `search`; `max_input_tokens`: the 413 limit (None: none)."""
+    """A checkpoint loaded for serving, read as in-process `encode()` reads it: the checkpoint's own
+    options, and per request the options its spec marks per-call. `index`: an `encode-corpus
+    --output-value landmarks` folder encoded by this checkpoint (checked), for `search`;
+    `max_input_tokens` and `max_request_tokens`: the 413 limits of a text and of a request (None: none)."""
 
     def __init__(self, checkpoint: str, name: str, backend: str = "torch", index: str | None = None,
-                 max_input_tokens: int | None = None, num_threads: int | None = None):
+                 max_input_tokens: int | None = None, num_threads: int | None = None,
+                 max_request_tokens: int | None = None):
         import torch
 
         from lmk_embed_tools.corpus.worker import load_model
@@ -42,53 +46,70 @@ class ServedModel:
             torch.set_num_threads(num_threads)
         onnx = {"name": "onnx", "file": "onnx/model.onnx"} if backend == "onnx" else None
         self.model = load_model({"source": str(checkpoint)}, backend=onnx, num_threads=num_threads)
-        self.name, self.max_input_tokens = name, max_input_tokens
+        self.name, self.max_input_tokens, self.max_request_tokens = name, max_input_tokens, max_request_tokens
         self.family = FAMILIES.get(self.model.config.model_type)
         if self.family is None:
             raise ValueError(f"{checkpoint!r} is a {self.model.config.model_type!r} model, not an lmk-embed checkpoint")
-        self.options = encode_options(self.model)
+        self.per_request, self.fixed = option_names(self.model, self.family)
+        if not hasattr(self.model, "resolve"):  # a backend that reads in its own schedule takes no options
+            self.per_request = ()
         self.dimension = int(np.asarray(self.model.encode(["dimension probe"], show_progress_bar=False)).shape[-1])
-        self.normalized = bool(self.model.config.normalize)
-        self.model_limit = self._model_limit()
         self.index = self.lexical = None
         if index is not None:
             self.index = open_index(index, checkpoint)
 
-    def _model_limit(self) -> int | None:
-        """The token budget at which this model itself would cut a text (None: it reads any length)."""
-        try:
-            return self.model.resolve(**self.options).max_length
-        except TypeError:  # a backend without `resolve` (ONNX) reads in its own schedule
-            return None
-
     # ---- embeddings -----------------------------------------------------------------------
 
-    def count_tokens(self, texts) -> list[int]:
-        """Each text's model tokens, special tokens and prompts left out (what `usage` reports)."""
-        from lmk_embed.encoding import encode_content
-
-        return [len(encoding.ids) for encoding in encode_content(self.model.tokenizer, list(texts))]
+    def resolve(self, request: EmbeddingRequest):
+        """The model's resolved call for `request` (its prompt and per-request options), as `encode()`
+        resolves it: a bad option value is a 400 naming it (the family's own rule and message)."""
+        options = dict(request.options)
+        normalize = options.pop("normalize", None)
+        if normalize is not None and not isinstance(normalize, bool):  # the engine reads any value as a truth
+            raise ApiError(f"`normalize` must be true or false, got {normalize!r}", param="normalize",
+                           code="invalid_value")
+        if not hasattr(self.model, "resolve"):
+            return None
+        try:
+            return self.model.resolve(prompt=self.prompt(request), **options)
+        except (TypeError, ValueError) as error:
+            message = str(error)
+            param = next((name for name in options if f"`{name}`" in message or f"{name}=" in message),
+                         next(iter(options), None))
+            raise ApiError(message, param=param, code="invalid_value") from None
 
     def check(self, request: EmbeddingRequest) -> int:
-        """413 for a text over `max_input_tokens`, or one the model would have to cut; the request's tokens."""
-        counts = self.count_tokens(request.texts)
-        check_lengths(counts, self.max_input_tokens)
-        if self.model_limit is not None:
-            self._check_model_limit(request)
-        return sum(counts)
+        """The request's tokens (what `usage` reports: each text's model tokens, special tokens and the
+        prompt left out), counted in one pass that stops reading a text past `max_input_tokens`. 413
+        for a text over `max_input_tokens`, a request over `max_request_tokens`, or a text the model
+        would have to cut at its own `max_length` (resolved with the request's options)."""
+        from lmk_embed.encoding import encode_content
 
-    def _check_model_limit(self, request: EmbeddingRequest) -> None:
-        prompt = self.prompt(request)
+        resolved = self.resolve(request)
+        encodings = encode_content(self.model.tokenizer, list(request.texts), self.max_input_tokens)
+        tokens = check_lengths([len(encoding.ids) for encoding in encodings], self.max_input_tokens,
+                               self.max_request_tokens)
+        model_limit = getattr(resolved, "max_length", None)
+        if model_limit is not None:
+            self._check_model_limit(request, resolved)
+        return tokens
+
+    def _check_model_limit(self, request: EmbeddingRequest, resolved) -> None:
+        """413 for the first text the model would cut at its `max_length` (its layout, specials and prompt in)."""
         if self.family == "lmk":
-            resolved = self.model.resolve(prompt=prompt, **self.options)
             truncated = self.model.tokenizer.layout(list(request.texts), resolved.layout).truncated
         else:
-            truncated = self.model.tokenizer.build_batch(list(request.texts), prompt=prompt,
-                                                         max_length=self.model_limit).truncated
+            truncated = self.model.tokenizer.build_batch(list(request.texts), prompt=resolved.prompt,
+                                                         max_length=resolved.max_length).truncated
         for index, cut in enumerate(np.asarray(truncated).tolist()):
             if cut:
-                raise ApiError(f"`input[{index}]` is longer than this model reads ({self.model_limit} tokens with its "
-                               "special tokens); split the text", status=413, param="input", code="input_too_long")
+                raise ApiError(f"`input[{index}]` is longer than this model reads ({resolved.max_length} tokens with "
+                               "its special tokens and prompt); split the text, or for a landmark checkpoint send "
+                               "`long_input: \"windows\"`", status=413, param="input", code="input_too_long")
+
+    def normalized(self, request: EmbeddingRequest) -> bool:
+        """Whether `request`'s vectors are unit vectors (its `normalize`, else the checkpoint's)."""
+        return bool(dict(request.options).get("normalize", self.model.config.normalize))
 
     def prompt(self, request: EmbeddingRequest) -> str | None:
         config = self.model.config
@@ -107,13 +128,15 @@ class ServedModel:
         results: list = [None] * len(requests)
         for numbers in groups.values():
             texts = [text for number in numbers for text in requests[number].texts]
-            vectors = self.model.encode(texts, prompt=self.prompt(requests[numbers[0]]), show_progress_bar=False,
-                                        **self.options)
+            first = requests[numbers[0]]
+            vectors = self.model.encode(texts, prompt=self.prompt(first), show_progress_bar=False,
+                                        **dict(first.options))
             vectors = np.asarray(vectors, dtype=np.float32)
             start = 0
             for number in numbers:
                 stop = start + len(requests[number].texts)
-                results[number] = shape_vectors(vectors[start:stop], requests[number].dimensions, self.normalized)
+                results[number] = shape_vectors(vectors[start:stop], requests[number].dimensions,
+                                                self.normalized(first))
                 start = stop
         return results
 
@@ -124,82 +147,40 @@ class ServedModel:
                            "use /v1/embeddings", status=400, param="model", code="unsupported")
         try:
             output = self.model.encode(list(request.texts), prompt=self.prompt(request), show_progress_bar=False,
-                                       output_value="landmarks", **self.options)
+                                       output_value="landmarks", **dict(request.options))
         except ValueError as error:  # a pooling without chunk-aligned vectors
             raise ApiError(str(error), param="model", code="unsupported") from None
         return [{"embeddings": shape_vectors(np.asarray(item["embeddings"], dtype=np.float32), request.dimensions,
-                                            self.normalized), "spans": [list(map(int, span)) for span in item["spans"]]}
+                                            self.normalized(request)),
+                 "spans": [list(map(int, span)) for span in item["spans"]]}
                 for item in output]
 
     # ---- search ---------------------------------------------------------------------------
 
     def search(self, request: SearchRequest) -> list[list[dict]]:
-        """Per query its ranked documents: `dense` is `lmk-embed search` (max-sim, `fuse` with the
-        document vector), `lexical` BM25 over the same documents, `hybrid` the two fused by
-        reciprocal rank. Every hit names the landmark whose passage matched the query best."""
+        """Per query its ranked documents, as `lmk-embed search` gives them: `dense` max-sim (`fuse`
+        with the document vector), `lexical` the index's BM25, `hybrid` both in one query, fused by
+        min-max (BM25's share `fuse_weight`, default the index's) or by rank. Every hit names the
+        landmark whose passage matched the query best."""
         if self.index is None:
             raise ApiError("this server has no index: start it with --index DIR (an encode-corpus --output-value "
                            "landmarks folder)", status=404, code="no_index")
         index = self.index
         queries = np.asarray(self.model.encode_query(list(request.queries), show_progress_bar=False), dtype=np.float32)
-        if request.mode == "dense":
-            results = index.search(queries, top_k=request.top_k, fuse=request.fuse)
-            return [[hit_record(hit) for hit in index.passages(hits)] for hits in results]
-        if not index.ids:
-            return [[] for _ in request.queries]
-        lexical = self.lexical_ranking(request.queries, request.top_k if request.mode == "lexical" else FUSION_DEPTH)
-        answers = []
-        for number, query in enumerate(queries):
-            if request.mode == "lexical":
-                ranked = lexical[number][: request.top_k]
-            else:
-                dense = index.search(query[None], top_k=FUSION_DEPTH, fuse=request.fuse)[0]
-                ranked = reciprocal_rank_fusion([[hit.row for hit in dense], [row for row, _ in lexical[number]]])
-                ranked = ranked[: request.top_k]
-            answers.append([self.best_passage(row, score, query) for row, score in ranked])
-        return answers
-
-    def lexical_ranking(self, queries, depth: int) -> list[list[tuple[int, float]]]:
-        """Per query the best `depth` documents by BM25 (bm25s, English stopwords) as (row, score)."""
-        import bm25s
-
-        index = self.index
-        if self.lexical is None:  # built on first use: a dense-only server never pays for it
-            self.lexical = bm25s.BM25()
-            self.lexical.index(bm25s.tokenize(index.texts, stopwords="en", show_progress=False), show_progress=False)
-        depth = min(depth, len(index.ids))
-        tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
-        rows, scores = self.lexical.retrieve(tokens, k=depth, show_progress=False)
-        return [[(int(row), float(score)) for row, score in zip(r, s) if score > 0] for r, s in zip(rows, scores)]
-
-    def best_passage(self, row: int, score: float, query: np.ndarray) -> dict:
-        """A hit for document `row` with `score`, its passage the landmark nearest `query`."""
-        index = self.index
-        start = int(index.first[row])
-        stop = int(index.first[row + 1]) if row + 1 < len(index.first) else len(index.owner)
-        best = start + int(np.argmax(index.vectors[start:stop] @ query))
-        span = [int(x) for x in index.spans[best]]
-        return {"id": index.ids[row], "score": round(float(score), 6), "landmark": best - start, "span": span,
-                "text": index.texts[row][span[0]:span[1]]}
-
-
-def reciprocal_rank_fusion(rankings: list[list[int]]) -> list[tuple[int, float]]:
-    """Documents of several rankings scored by the sum of 1 / (RRF_K + rank), best first."""
-    scores: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, row in enumerate(ranking, 1):
-            scores[row] = scores.get(row, 0.0) + 1.0 / (RRF_K + rank)
-    return sorted(scores.items(), key=lambda item: -item[1])
+        results = index.search(queries, top_k=request.top_k, fuse=request.fuse, mode=request.mode,
+                               texts=list(request.queries), fusion=request.fusion, fuse_weight=request.fuse_weight)
+        return [[hit_record(hit) for hit in index.passages(hits)] for hits in results]
 
 
 def hit_record(hit) -> dict:
-    """A dense hit as `lmk-embed search --json` prints it."""
+    """A hit as `lmk-embed search --json` prints it."""
     return {"id": hit.id, "score": round(hit.score, 6), "landmark": hit.landmark, "span": list(hit.span),
             "text": hit.text}
 
 
 def open_index(folder, checkpoint):
-    """The landmark index of `folder`, refused unless `checkpoint` is the model that encoded it."""
+    """The landmark index of `folder` (its record and table, no vectors read), refused unless
+    `checkpoint` is the model that encoded it."""
     from lmk_embed_tools.corpus import verify
     from lmk_embed_tools.corpus.search import LandmarkIndex
 

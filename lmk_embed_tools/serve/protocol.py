@@ -1,4 +1,5 @@
-"""The wire format of `lmk-embed serve`: OpenAI's embeddings request and response, and its error shape.
+"""The wire format of `lmk-embed serve`: OpenAI's embeddings request and response, its error shape,
+and the limits a request must keep (`Limits`).
 
 Every request body is checked here, before it reaches a model, and every bad one becomes an
 `ApiError`: a 4xx status with OpenAI's body `{"error": {"message", "type", "param", "code"}}`. The
@@ -15,17 +16,45 @@ import numpy as np
 ENCODING_FORMATS = ("float", "base64")
 INPUT_TYPES = ("query", "document")
 SEARCH_MODES = ("dense", "lexical", "hybrid")
+SEARCH_FUSIONS = ("minmax", "rank")
 # Fields OpenAI's clients send that change nothing here.
 IGNORED_FIELDS = ("user",)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of a replica; each has a flag of `lmk-embed serve` (the defaults are
+    its defaults) and is answered before any model work.
+
+    max_body_bytes: the request body (413 `request_too_large`, counted while it is read).
+    max_inputs: texts in one request (413 `too_many_inputs`; OpenAI's own limit is 2,048).
+    max_input_tokens: model tokens of one text, prompt and special tokens left out (413
+        `input_too_long`); a checkpoint that would cut a text earlier refuses it at its own limit.
+    max_request_tokens: model tokens of all the texts of one request (413 `request_too_large`).
+    request_timeout_s: from the request's arrival to its answer (504 `timeout`).
+    read_timeout_s: for the whole body to arrive (408 `request_timeout`).
+    max_queued_requests: embedding requests one replica holds at once, waiting or computing; one
+        more gets 429 `server_busy` with `retry-after` at once.
+    """
+
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_inputs: int = 2048
+    max_input_tokens: int = 32768
+    max_request_tokens: int = 131072
+    request_timeout_s: float = 120.0
+    read_timeout_s: float = 30.0
+    max_queued_requests: int = 64
+
+
 class ApiError(Exception):
-    """A request the server refuses: HTTP `status`, OpenAI's error `type`, the field (`param`) and a `code`."""
+    """A request the server refuses: HTTP `status`, OpenAI's error `type`, the field (`param`), a
+    `code`, and extra response `headers` (`retry-after`, `www-authenticate`)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
         self.message, self.status, self.param, self.code, self.type = message, status, param, code, type
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -34,18 +63,20 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class EmbeddingRequest:
     """A checked `/v1/embeddings` (or `/v1/landmarks`) body. `kind` is the prompt: None (plain
-    `encode`), "query" or "document"; `task` is the recurrent family's query instruction."""
+    `encode`), "query" or "document"; `task` is the recurrent family's query instruction; `options`
+    the per-call options of `encode()` the request sets, as sorted (name, value) pairs."""
 
     texts: tuple[str, ...]
     encoding_format: str = "float"
     dimensions: int | None = None
     kind: str | None = None
     task: str | None = None
+    options: tuple[tuple[str, object], ...] = ()
 
     @property
     def prompt_key(self) -> tuple:
         """Requests with equal keys are embedded by one `encode` call in a batch."""
-        return (self.kind, self.task)
+        return (self.kind, self.task, self.options)
 
 
 def check_object(body) -> dict:
@@ -61,8 +92,9 @@ def check_fields(body: dict, known: tuple[str, ...]) -> None:
                            code="unknown_field")
 
 
-def check_texts(value, param: str = "input") -> tuple[str, ...]:
-    """A string or a non-empty list of strings, each encodable as UTF-8 (no lone surrogate)."""
+def check_texts(value, param: str = "input", max_items: int | None = None) -> tuple[str, ...]:
+    """A string or a non-empty list of strings (at most `max_items`: 413), each encodable as UTF-8
+    (no lone surrogate)."""
     if value is None:
         raise ApiError(f"`{param}` is required: a string or a list of strings", param=param, code="missing_field")
     texts = [value] if isinstance(value, str) else value
@@ -71,6 +103,10 @@ def check_texts(value, param: str = "input") -> tuple[str, ...]:
                        code="invalid_type")
     if not texts:
         raise ApiError(f"`{param}` is an empty list: give at least one text", param=param, code="empty_input")
+    if max_items is not None and len(texts) > max_items:
+        raise ApiError(f"`{param}` holds {len(texts)} texts, over this server's limit of {max_items} a request "
+                       "(--max-inputs); send them in several requests", status=413, param=param,
+                       code="too_many_inputs")
     for index, text in enumerate(texts):
         if not isinstance(text, str):  # token-id arrays included: the server tokenizes with the checkpoint's own tokenizer
             raise ApiError(f"`{param}[{index}]` must be a string, got {type(text).__name__} (token arrays are not "
@@ -99,13 +135,37 @@ def check_choice(body: dict, name: str, choices: tuple[str, ...], default):
     return value
 
 
-def parse_embeddings(body, served: str, dimension: int, family: str, landmarks: bool = False) -> EmbeddingRequest:
+def check_options(body: dict, per_request: tuple[str, ...], fixed: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
+    """The per-call options of `encode()` a body sets (`per_request`: the names the checkpoint's option
+    spec marks per-call), as sorted (name, value) pairs; an option the spec fixes at conversion
+    (`fixed`) is refused naming it. Their values are checked where the model resolves them."""
+    for name in fixed:
+        if name in body:
+            raise ApiError(f"`{name}` is fixed by the checkpoint, not a per-request option; this model takes "
+                           f"{', '.join(per_request) or 'none'} per request", param=name, code="fixed_option")
+    options = []
+    for name in per_request:
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, (str, int, float, bool)):
+            raise ApiError(f"`{name}` must be a number, a string or a boolean, got {type(value).__name__}",
+                           param=name, code="invalid_type")
+        options.append((name, value))
+    return tuple(sorted(options))
+
+
+def parse_embeddings(body, served: str, dimension: int, family: str, landmarks: bool = False,
+                     per_request: tuple[str, ...] = (), fixed: tuple[str, ...] = (),
+                     max_inputs: int | None = None) -> EmbeddingRequest:
     """Check a `/v1/embeddings` body (or, with `landmarks`, a `/v1/landmarks` one) for a model
-    named `served` of width `dimension` and `family` ("lmk" or "recurrent")."""
+    named `served` of width `dimension` and `family` ("lmk" or "recurrent"), whose option spec marks
+    `per_request` options per-call and `fixed` ones not; at most `max_inputs` texts."""
     body = check_object(body)
-    known = ("input", "model", "encoding_format", "dimensions", "input_type", "task")
-    check_fields(body, known)
-    texts = check_texts(body.get("input"))
+    known = ("input", "model", "encoding_format", "dimensions", "input_type", "task", *per_request)
+    check_fields({name: value for name, value in body.items() if name not in fixed}, known)
+    options = check_options(body, per_request, fixed)
+    texts = check_texts(body.get("input"), max_items=max_inputs)
     check_model(body.get("model"), served)
     encoding_format = check_choice(body, "encoding_format", ENCODING_FORMATS, "float")
     kind = check_choice(body, "input_type", INPUT_TYPES, None)
@@ -124,18 +184,25 @@ def parse_embeddings(body, served: str, dimension: int, family: str, landmarks: 
         if kind != "query":
             raise ApiError("`task` instructs queries: send it with `input_type: \"query\"`", param="task",
                            code="invalid_value")
-    return EmbeddingRequest(texts, encoding_format, dimensions, kind, task)
+    return EmbeddingRequest(texts, encoding_format, dimensions, kind, task, options)
 
 
-def check_lengths(counts: list[int], limit: int | None) -> None:
-    """413 for the first text over `limit` model tokens (None: no limit)."""
-    if limit is None:
-        return
-    for index, count in enumerate(counts):
-        if count > limit:
-            raise ApiError(f"`input[{index}]` has {count} tokens, over this server's limit of {limit} tokens "
-                           "(--max-input-tokens); split the text or raise the limit", status=413, param="input",
-                           code="input_too_long")
+def check_lengths(counts: list[int], limit: int | None, request_limit: int | None = None) -> int:
+    """The request's tokens; 413 for the first text over `limit` model tokens, or for a request over
+    `request_limit` in all (None: no limit). A count over `limit` may be a lower bound (the text was
+    tokenized only that far)."""
+    if limit is not None:
+        for index, count in enumerate(counts):
+            if count > limit:
+                raise ApiError(f"`input[{index}]` has more than {limit} tokens, this server's limit a text "
+                               "(--max-input-tokens); split the text", status=413, param="input",
+                               code="input_too_long")
+    total = sum(counts)
+    if request_limit is not None and total > request_limit:
+        raise ApiError(f"the request's texts have {total} tokens in all, over this server's limit of {request_limit} "
+                       "a request (--max-request-tokens); send them in several requests", status=413, param="input",
+                       code="request_too_large")
+    return total
 
 
 def shape_vectors(vectors: np.ndarray, dimensions: int | None, normalized: bool) -> np.ndarray:
@@ -170,12 +237,24 @@ class SearchRequest:
     top_k: int = 10
     mode: str = "dense"
     fuse: float = 0.0
+    fusion: str = "minmax"
+    fuse_weight: float | None = None  # hybrid min-max: BM25's share (None: the index's weight)
+
+
+def _check_unit_interval(body: dict, name: str, default):
+    value = body.get(name, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ApiError(f"`{name}` must be a number from 0 to 1, got {value!r}", param=name, code="invalid_value")
+    return float(value)
 
 
 def parse_search(body, served: str) -> SearchRequest:
-    """Check a `/v1/search` body: `query` (a string or a list), `model`, `top_k`, `mode`, `fuse`."""
+    """Check a `/v1/search` body: `query` (a string or a list), `model`, `top_k`, `mode`, `fuse`,
+    `fusion` ("minmax" or "rank", for hybrid) and `fuse_weight` (BM25's share in min-max fusion)."""
     body = check_object(body)
-    check_fields(body, ("query", "model", "top_k", "mode", "fuse"))
+    check_fields(body, ("query", "model", "top_k", "mode", "fuse", "fusion", "fuse_weight"))
     queries = check_texts(body.get("query"), "query")
     for index, query in enumerate(queries):
         if not query.strip():
@@ -186,7 +265,6 @@ def parse_search(body, served: str) -> SearchRequest:
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ApiError(f"`top_k` must be a positive integer, got {top_k!r}", param="top_k", code="invalid_value")
     mode = check_choice(body, "mode", SEARCH_MODES, "dense")
-    fuse = body.get("fuse", 0.0)
-    if isinstance(fuse, bool) or not isinstance(fuse, (int, float)) or not 0.0 <= fuse <= 1.0:
-        raise ApiError(f"`fuse` must be a number from 0 to 1, got {fuse!r}", param="fuse", code="invalid_value")
-    return SearchRequest(queries, top_k, mode, float(fuse))
+    fusion = check_choice(body, "fusion", SEARCH_FUSIONS, "minmax")
+    return SearchRequest(queries, top_k, mode, _check_unit_interval(body, "fuse", 0.0), fusion,
+                         _check_unit_interval(body, "fuse_weight", None))

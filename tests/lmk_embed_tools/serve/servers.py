@@ -12,10 +12,10 @@ from tests.helpers import REPO_ROOT
 
 
 @contextlib.contextmanager
-def running_server(checkpoint, *options: str, name: str = "tiny", log_path=None):
+def running_server(checkpoint, *options: str, name: str = "tiny", log_path=None, env: dict | None = None):
     """The server (a local Ray of its own) for CHECKPOINT; yields its base URL once /health answers."""
     with lmk_embed_server(checkpoint, *options, name=name, log_path=log_path,
-                          env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}) as url:
+                          env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT), **(env or {})}) as url:
         yield url
 
 

@@ -1,10 +1,15 @@
 """`lmk-embed serve` with the tiny LMK checkpoint and a landmark index, through real clients: the
-`openai` package and httpx against one running server (started once for the module)."""
+`openai` package and httpx against one running server (started once for the module, its API key
+from the environment). The guards' full table runs on the app in process (test_serve_limits.py);
+here the rows that depend on Ray's proxy in front of it."""
 
 import asyncio
 import copy
+import ipaddress
 import json
+import os
 import random
+import time
 
 import httpx
 import numpy as np
@@ -15,8 +20,11 @@ from tests.lmk_embed_tools.serve.servers import decode_base64, running_server
 
 pytestmark = pytest.mark.slow
 MAX_INPUT_TOKENS = 3000
+KEY = "sk-serve-test"
+AUTH = {"authorization": f"Bearer {KEY}"}
 TEXTS = ["json encoder options", "the csv module reads rows and writes them back " * 40, "zip"]
 LONG = "regular expressions match text; " * 200  # past the backbone's one-pass budget: read in windows
+WINDOWS = {"long_input": "windows"}
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +36,8 @@ def index(tmp_path_factory, lmk_checkpoint):
 def server(lmk_checkpoint, index, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     with running_server(lmk_checkpoint, "--index", str(index), "--max-input-tokens", str(MAX_INPUT_TOKENS),
-                        "--max-batch-size", "8", "--batch-wait-ms", "10", log_path=log) as url:
+                        "--max-batch-size", "8", "--batch-wait-ms", "10", "--read-timeout-s", "2",
+                        "--max-body-bytes", "200000", log_path=log, env={"LMK_EMBED_API_KEY": KEY}) as url:
         yield url
 
 
@@ -36,25 +45,25 @@ def server(lmk_checkpoint, index, tmp_path_factory):
 def client(server):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    return OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
 
 
 def encode(model, texts, **kwargs):
-    """In-process vectors as the server makes them: long texts in the windows schedule."""
-    return np.asarray(model.encode(texts, long_input="windows", show_progress_bar=False, **kwargs))
+    """In-process vectors (what the server must give: the checkpoint's own options, and the request's)."""
+    return np.asarray(model.encode(texts, show_progress_bar=False, **kwargs))
 
 
 def post(server, path, body, **kwargs):
-    return httpx.post(f"{server}{path}", json=body, timeout=60, **kwargs)
+    return httpx.post(f"{server}{path}", json=body, timeout=60, headers=AUTH, **kwargs)
 
 
 def test_openai_client_vectors_equal_encode_float_and_base64(client, lmk_model):
     texts = TEXTS + [LONG]
-    expected = encode(lmk_model, texts)
+    expected = encode(lmk_model, texts, **WINDOWS)
     # Unasked, the client requests base64 and decodes it itself; asked for base64, it hands over the strings.
     for encoding_format in ("float", None, "base64"):
         options = {"encoding_format": encoding_format} if encoding_format else {}
-        response = client.embeddings.create(model="tiny", input=texts, **options)
+        response = client.embeddings.create(model="tiny", input=texts, extra_body=WINDOWS, **options)
         got = np.asarray([decode_base64(item.embedding) if encoding_format == "base64" else item.embedding
                           for item in response.data], dtype=np.float32)
         assert np.abs(got - expected).max() <= 1e-6
@@ -75,7 +84,7 @@ def test_base64_is_little_endian_float32_and_a_string_input_is_one_text(server, 
 def test_input_type_is_encode_query_and_encode_document(server, lmk_model):
     for input_type, method in (("query", lmk_model.encode_query), ("document", lmk_model.encode_document)):
         body = post(server, "/v1/embeddings", {"model": "tiny", "input": TEXTS, "input_type": input_type}).json()
-        expected = np.asarray(method(TEXTS, long_input="windows", show_progress_bar=False))
+        expected = np.asarray(method(TEXTS, show_progress_bar=False))
         assert np.abs(np.asarray([d["embedding"] for d in body["data"]]) - expected).max() <= 1e-6
 
 
@@ -89,7 +98,7 @@ def test_dimensions_shorten_and_renormalise(server, lmk_model):
 
 def test_landmarks_are_every_landmark_with_its_span(server, lmk_model):
     texts = [TEXTS[1], LONG]
-    body = post(server, "/v1/landmarks", {"model": "tiny", "input": texts}).json()
+    body = post(server, "/v1/landmarks", {"model": "tiny", "input": texts, **WINDOWS}).json()
     expected = lmk_model.encode(texts, output_value="landmarks", long_input="windows", show_progress_bar=False)
     for item, want in zip(body["data"], expected):
         got = np.asarray([landmark["embedding"] for landmark in item["landmarks"]])
@@ -99,7 +108,7 @@ def test_landmarks_are_every_landmark_with_its_span(server, lmk_model):
 
 def test_models_and_health(server, client):
     assert [model.id for model in client.models.list().data] == ["tiny"]
-    health = httpx.get(f"{server}/health").json()
+    health = httpx.get(f"{server}/health").json()  # open without the key
     assert health["status"] == "ok" and health["model"] == "tiny"
 
 
@@ -121,7 +130,8 @@ ERROR_TABLE = [
     ("/v1/embeddings", {"model": "tiny", "input": "x", "input_type": "passage"}, 400, "input_type", "one of"),
     ("/v1/embeddings", {"model": "tiny", "input": "x", "task": "find"}, 400, "task", "recurrent"),
     ("/v1/embeddings", {"model": "tiny", "input": "x", "temperature": 1}, 400, "temperature", "unknown field"),
-    ("/v1/embeddings", {"model": "tiny", "input": ["x", LONGER]}, 413, "input", f"limit of {MAX_INPUT_TOKENS} tokens"),
+    ("/v1/embeddings", {"model": "tiny", "input": ["x", LONGER]}, 413, "input", f"more than {MAX_INPUT_TOKENS} tokens"),
+    ("/v1/embeddings", {"model": "tiny", "input": ["x", LONG]}, 413, "input", "longer than this model reads"),
     ("/v1/landmarks", {"model": "tiny", "input": ""} , None, None, None),  # an empty text has no landmarks: 200
     ("/v1/search", {"query": ["  "]}, 400, "query", "blank"),
     ("/v1/search", {"query": "x", "mode": "semantic"}, 400, "mode", "one of"),
@@ -134,7 +144,8 @@ ERROR_TABLE = [
 @pytest.mark.parametrize("path, body, status, param, words", ERROR_TABLE, ids=[f"{r[0]}-{i}" for i, r in enumerate(ERROR_TABLE)])
 def test_error_table(server, path, body, status, param, words):
     content = body if isinstance(body, str) else json.dumps(body)
-    response = httpx.post(f"{server}{path}", content=content, headers={"content-type": "application/json"}, timeout=60)
+    response = httpx.post(f"{server}{path}", content=content, headers={"content-type": "application/json", **AUTH},
+                          timeout=60)
     if status is None:
         assert response.status_code == 200
         return
@@ -164,7 +175,7 @@ def test_a_burst_gives_every_request_its_own_vectors(server, lmk_model):
 
     async def burst():
         limit = asyncio.Semaphore(16)
-        async with httpx.AsyncClient(base_url=server, timeout=120) as http:
+        async with httpx.AsyncClient(base_url=server, timeout=120, headers=AUTH) as http:
             async def one(body):
                 async with limit:
                     return (await http.post("/v1/embeddings", json=body)).json()
@@ -174,8 +185,7 @@ def test_a_burst_gives_every_request_its_own_vectors(server, lmk_model):
     plain = [t for body in requests if "input_type" not in body for t in body["input"]]
     queries = [t for body in requests if "input_type" in body for t in body["input"]]
     expected = dict(zip(plain, encode(lmk_model, plain)))
-    expected_query = dict(zip(queries, np.asarray(lmk_model.encode_query(queries, long_input="windows",
-                                                                         show_progress_bar=False))))
+    expected_query = dict(zip(queries, np.asarray(lmk_model.encode_query(queries, show_progress_bar=False))))
     for body, answer in zip(requests, answers):
         table = expected_query if "input_type" in body else expected
         got = np.asarray([item["embedding"] for item in answer["data"]])
@@ -204,3 +214,63 @@ def test_lexical_and_hybrid_search(server, index):
     assert {hit["id"] for hit in hybrid["data"][0]["hits"]} <= {"d0", "d1", "d2", "d3"}
     assert hybrid["data"][0]["hits"][0]["id"] == "d1"  # first in the lexical ranking, and in the fused one
     assert bm25s.__name__ == "bm25s"
+
+
+def test_through_the_proxy_the_key_is_required_and_every_answer_has_a_request_id(server):
+    import openai
+    from openai import OpenAI
+
+    with pytest.raises(openai.AuthenticationError):
+        OpenAI(base_url=f"{server}/v1", api_key="sk-wrong", max_retries=0).embeddings.create(model="tiny", input="x")
+    refused = httpx.post(f"{server}/v1/embeddings", json={"model": "tiny", "input": "x"}, timeout=60)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    answered = post(server, "/v1/embeddings", {"model": "tiny", "input": "x"})
+    assert answered.status_code == 200
+    assert refused.headers["x-request-id"] and answered.headers["x-request-id"] != refused.headers["x-request-id"]
+
+
+def test_through_the_proxy_an_oversize_body_and_a_slow_client_are_refused(server):
+    """A 1 MB body (limit 200,000 bytes) gets 413 before it is read; a client that sends 8 bytes every
+    half second gets 408 once the read timeout (2 s) has passed. The server answers after both."""
+    text = "x" * 1_000_000
+    response = httpx.post(f"{server}/v1/embeddings", json={"model": "tiny", "input": text}, headers=AUTH, timeout=60)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+    def slowly():
+        body = json.dumps({"model": "tiny", "input": "zip " * 20}).encode()
+        for start in range(0, len(body), 8):
+            time.sleep(0.5)
+            yield body[start:start + 8]
+
+    try:
+        response = httpx.post(f"{server}/v1/embeddings", content=slowly(), headers=AUTH, timeout=30)
+        assert response.status_code == 408 and response.json()["error"]["code"] == "request_timeout"
+    except httpx.WriteError:  # the server answered and closed while the client was still sending: also bounded
+        pass
+    assert post(server, "/v1/embeddings", {"model": "tiny", "input": "x"}).status_code == 200
+
+
+def test_the_local_ray_listens_on_loopback_only(server):
+    """With --host 127.0.0.1 the command starts its Ray bound to loopback: no process of the server's
+    session (gcs_server, raylet, workers, the proxy) listens on another address."""
+    import psutil
+
+    port = int(server.rsplit(":", 1)[1])
+    serving = next(c.pid for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port)
+    session = os.getsid(serving)
+    listening = [c for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.pid
+                 and _session(c.pid) == session]
+    assert listening and all(_loopback(c.laddr.ip) for c in listening), listening
+
+
+def _session(pid: int):
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
