@@ -18,9 +18,38 @@ def test_an_index_that_is_not_one_is_named(tmp_path, lmk_checkpoint, capsys):
 
 
 @pytest.mark.parametrize("option, value", [("--port", "70000"), ("--replicas", "0"), ("--max-batch-size", "-1"),
-                                           ("--batch-wait-ms", "-5"), ("--max-input-tokens", "0"),
+                                           ("--batch-wait-ms", "-5"), ("--batch-wait-ms", "inf"),
+                                           ("--max-input-tokens", "0"), ("--num-cpus", "0"), ("--num-cpus", "nan"),
+                                           ("--max-body-bytes", "0"), ("--max-inputs", "-1"),
+                                           ("--max-request-tokens", "x"), ("--request-timeout-s", "0"),
+                                           ("--read-timeout-s", "-1"), ("--max-queued-requests", "0"),
                                            ("--backend", "tensorrt")])
 def test_bad_options_exit_2_naming_them(lmk_checkpoint, option, value, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["serve", str(lmk_checkpoint), option, value])
-    assert exit_info.value.code == 2 and option in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and option in error and len(error.strip().splitlines()) == 1
+
+
+def test_a_folder_that_is_no_checkpoint_is_one_line(tmp_path, capsys):
+    assert cli.main(["serve", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "config.json" in error and len(error.strip().splitlines()) == 1
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    assert cli.main(["serve", str(tmp_path)]) == 2
+    assert "not an lmk-embed checkpoint" in capsys.readouterr().err
+
+
+def test_the_onnx_backend_without_its_graph_is_one_line(lmk_checkpoint, capsys):
+    assert cli.main(["serve", str(lmk_checkpoint), "--backend", "onnx"]) == 2
+    error = capsys.readouterr().err
+    assert "onnx/model.onnx" in error and "export-onnx" in error and len(error.strip().splitlines()) == 1
+
+
+def test_an_empty_api_key_is_refused_and_a_key_never_reaches_the_replica(lmk_checkpoint, capsys, monkeypatch):
+    monkeypatch.setenv("LMK_EMBED_API_KEY", " ")
+    assert cli.main(["serve", str(lmk_checkpoint)]) == 2
+    assert "API key" in capsys.readouterr().err
+    from lmk_embed_tools.serve.app import key_digest
+
+    assert b"sk-secret" not in key_digest("sk-secret") and len(key_digest("sk-secret")) == 32

@@ -217,3 +217,27 @@ def test_metrics_count_requests_tokens_and_rejections(served):
     counts = frontend.metrics.counts
     assert counts["requests", "/v1/embeddings", 200] == 1 and counts["requests", "/v1/embeddings", 401] == 1
     assert counts["tokens"] == 5 and counts["rejections", "invalid_api_key"] == 1
+
+
+def test_recurrent_per_request_options_are_encode_arguments_and_fixed_ones_are_refused(mamba2_checkpoint):
+    """The recurrent spec's per-call options (schedule, block_size) are request fields; its fixed
+    ones (add_bos_token) are refused naming them; a landmark option is an unknown field here."""
+    from transformers import AutoModel
+
+    from lmk_embed_tools.serve.model import ServedModel
+
+    served = ServedModel(str(mamba2_checkpoint), "tiny", num_threads=1)
+    model = AutoModel.from_pretrained(mamba2_checkpoint, trust_remote_code=True).eval()
+    assert "block_size" in served.per_request and "add_bos_token" in served.fixed
+    _, api = app_for(served, key=None)
+    texts = ["The json module exposes an API.", "Compact encoding! " * 30]
+    for fields in ({}, {"block_size": 16}, {"schedule": "horizontal"}):
+        response = call(api, "POST", "/v1/embeddings", embed_body(texts, **fields), key=None)
+        got = np.asarray([item["embedding"] for item in response.json()["data"]])
+        assert np.abs(got - np.asarray(model.encode(texts, show_progress_bar=False, **fields))).max() <= 1e-6, fields
+    assert_error(call(api, "POST", "/v1/embeddings", embed_body("x", add_bos_token=True), key=None), 400,
+                 "fixed_option", "add_bos_token")
+    assert_error(call(api, "POST", "/v1/embeddings", embed_body("x", granularity=8), key=None), 400,
+                 "unknown_field", "granularity")
+    assert_error(call(api, "POST", "/v1/embeddings", embed_body("x", block_size=-1), key=None), 400,
+                 "invalid_value", "block_size")
