@@ -66,7 +66,7 @@ def deep_sentence_rows(corpus: dict[str, list[DocItem]], tokenizer, content_toke
     `min_depth` to `content_tokens` tokens deep in its page, and the positive is the page cut to
     `content_tokens` tokens with that sentence removed. One row per page, pages in a seeded order;
     a sentence found verbatim in another chosen page is skipped (two right answers)."""
-    from .student import cut_to_tokens
+    from .teacher_targets import cut_to_tokens
 
     items = [item for item in training_items(corpus) if len(item.text) > 4 * min_depth]
     items.sort(key=lambda item: item.name)
@@ -100,7 +100,7 @@ def add_page_targets(rows: list[dict], teacher, query_tokens: int, content_token
     the student reads at every g), and set `teacher_embeddings` to the teacher's vectors [query,
     passages...]: the query in one pass, each passage as the base's windows of `window` tokens,
     averaged (the windows-mean baseline; the first window weighted by `first_window_weight`)."""
-    from .student import add_student_teacher_embeddings
+    from .teacher_targets import add_student_teacher_embeddings
 
     # That function cuts to max length less one (the recurrent student's EOS): add it back.
     return add_student_teacher_embeddings(rows, teacher, query_tokens + 1, content_tokens + 1,

@@ -182,7 +182,7 @@ def cut_rows_to_recipe(rows: list[dict], tokenizer, recipe: dict) -> list[dict]:
     `query_max_length` and `passage_max_length`, landmarks counted), so that a longer training budget
     reads them as the recipe does: each page fits one window of 512 tokens."""
     from .long_pages import content_budget
-    from .student import cut_to_tokens
+    from .teacher_targets import cut_to_tokens
 
     smallest = min(recipe["granularities"])
     query_tokens = content_budget(recipe["query_max_length"], smallest)
