@@ -35,17 +35,21 @@ from pathlib import Path
 BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BASE_ROW = "base MiniLM (mean)"
 METRICS = ("ndcg_at_10", "recall_at_1")
+# The long table's tasks: held-out long pages of every genre (deep evidence), their subject queries,
+# and the validation source, which only chooses (never reported as a result).
+LONG_TASKS = {"deep_tasks": ["genre:book", "genre:readme", "genre:nodeapi", "genre:notes", "deep:scientific", "deep:symbolic"],
+              "subject_tasks": ["genre:book-subject", "genre:nodeapi-subject", "genre:readme-subject"],
+              "validation_task": "deep:systems", "length": 4096}
 # The two budgets. `demo` took 1,061 s on 2 idle CPU cores (1,797 s on an earlier session's slower machine); `full` fits an hour.
 BUDGETS = {
     # The demo's length table is the sample (20 queries, 40 pages, two lengths) that its 20 minutes
     # allow; `full` runs the LongEmbed scale (50 queries, 100 pages) at every length to 4096.
     "demo": {"steps": 150, "queries": 310, "in_domain_queries": 200, "trained_lengths": [512], "base_lengths": [256, 512],
              "untrained_lengths": [512],
-             "long": {"sources": ["scientific"], "lengths": [512, 2048, 4096], "queries": 20, "documents": 40}},
+             "long": {**LONG_TASKS, "queries": 50, "documents": 60}},
     "full": {"steps": 600, "queries": 320, "in_domain_queries": 320, "trained_lengths": [128, 256, 512],
              "base_lengths": [128, 256, 512], "untrained_lengths": [128, 256, 512],
-             "long": {"sources": ["scientific", "symbolic"], "lengths": [256, 512, 1024, 2048, 4096], "queries": 50,
-                      "documents": 100}},
+             "long": {**LONG_TASKS, "queries": 200, "documents": 200}},
 }
 
 
@@ -177,55 +181,119 @@ def finetune_side_by_side(bases: dict[str, Path], train_files: dict[str, Path], 
 # ---- 4. evaluation ----------------------------------------------------------------------------------
 
 
-def evaluate_lengths(trained: dict[str, Path], out_dir: Path, budget: dict) -> list[dict]:
-    """The length table: base (at its 512 limit, and windows-mean / windows-max of 256-token windows),
-    trained LMK with its own long-input schedule (windows) and in one pass, its landmarks as a
-    multi-vector index (max-sim, hybrid), trained CLS in one pass on the extended backbone, and BM25,
-    on the deep-evidence splits (a method's summary as the query for its class page, the line
-    600-3800 tokens deep), at every length of the budget."""
-    from sentence_transformers import SentenceTransformer
+# The long table's rows: the user's windows (256-token windows of the base, its own limit), the trained
+# LMK's single vector and landmark max-sim, BM25, and each fused with BM25 (min-max, BM25's weight W).
+# The fused rows' dense side and W are chosen leaving the reported genre out (`leave_one_genre_out`),
+# for the package and for the user's own hybrid (BM25 + base windows-max) alike.
+FUSE_WEIGHTS = (0.3, 0.5, 0.7)
+LMK_ROW, BASE_NAME = "trained LMK", "base"
+SINGLE, MAX_SIM, HYBRID = LMK_ROW, f"{LMK_ROW} multi-vector max", f"{LMK_ROW} multi-vector hybrid"
+WINDOWS_MEAN, WINDOWS_MAX = f"{BASE_NAME} windows-mean", f"{BASE_NAME} windows-max"
 
-    from lmk_embed_tools.evaluation.longcontext import evaluate_jobs
-    from lmk_embed_tools.evaluation.report import write_report
-    from lmk_embed_tools.evaluation.retrievers import BM25Retriever, DenseRetriever, MultiVectorRetriever, WindowsRetriever
-    from lmk_embed_tools.evaluation.synthetic import token_counter
-    from lmk_embed_tools.evaluation.table import format_length_table
-    from lmk_embed_tools.training.corpora import build_corpus, deep_evidence_split
 
-    long = budget["long"]
-    base = SentenceTransformer(minilm_path(), device="cpu")
-    base.max_seq_length = 512
-    count_tokens = token_counter(base.tokenizer)
-    corpus = build_corpus(out_dir.parent / "corpora", sources=tuple(long["sources"]))
-    jobs = []
-    for source in long["sources"]:
-        split = deep_evidence_split(corpus, source, count_tokens, max_queries=long["queries"],
-                                    max_documents=long["documents"])
-        say(f"  {split.name}: {len(split.queries)} queries, {len(split.documents)} documents")
-        jobs += [(split.name, length, split) for length in long["lengths"]]
-    retrievers = [DenseRetriever(base, BASE_ROW, progress=False)]
-    # The user's own baselines: the base on 256-token windows (its own max_seq_length), averaged or best-of.
-    retrievers += [WindowsRetriever(base, f"{BASE_ROW} windows-{mode}", mode=mode, window=256, progress=False)
-                   for mode in ("mean", "max")]
-    for name, path in trained.items():
-        model = load_checkpoint(path)
-        if model.config.pooling != "lmk":
-            retrievers.append(DenseRetriever(model, f"trained {name.upper()}", progress=False))
-            continue
-        # LMK: its own long-input schedule (the recipe's: windows), one pass for comparison, and its
-        # landmarks as a multi-vector index (max-sim, and max-sim + the single vector).
-        label = f"trained {name.upper()}"
-        retrievers += [DenseRetriever(model, label, progress=False),
-                       DenseRetriever(model, f"{label} one-pass", long_input="one-pass", progress=False)]
-        retrievers += [MultiVectorRetriever(model, f"{label} landmark {mode}", mode=mode, progress=False)
-                       for mode in ("max", "hybrid")]
-    retrievers.append(BM25Retriever())
-    # The cache lets the base's rows past its 512 limit reuse its 512-token vectors.
-    rows = evaluate_jobs(retrievers, jobs, cache_dir=out_dir / "cache", progress=False)
-    say(format_length_table(rows, "ndcg_at_10"))
-    write_report(rows, out_dir / "results" / "lengths", {"budget": long})
-    return rows
+def fused(dense: str, weight: float) -> str:
+    return f"{dense} + BM25 (minmax w={weight:g})"
 
+
+PACKAGE_FUSED = [fused(dense, w) for dense in (SINGLE, MAX_SIM, HYBRID) for w in FUSE_WEIGHTS]
+USER_FUSED = [fused(WINDOWS_MAX, w) for w in FUSE_WEIGHTS]
+
+
+def pooled(rows: list[dict], name: str) -> dict:
+    """One row of `name`'s per-query scores over every task in `rows` (query ids prefixed by task)."""
+    per_query = {f"{r['split']}/{q}": v for r in rows if r["model"] == name for q, v in r["per_query"]["ndcg_at_10"].items()}
+    return {"model": name, "split": "pooled", "per_query": {"ndcg_at_10": per_query},
+            "ndcg_at_10": sum(per_query.values()) / max(len(per_query), 1)}
+
+
+def chosen_rows(rows: list[dict], candidates: list[str], label: str, length: int) -> list[dict]:
+    """Per task, the candidate chosen on the other genres (`leave_one_genre_out`) as a row named `label`."""
+    from lmk_embed_tools.evaluation.leave_one_out import leave_one_genre_out
+
+    return [{"model": label, "split": task, "max_length": length, "ndcg_at_10": choice["ndcg_at_10"],
+             "per_query": {"ndcg_at_10": choice["per_query"]}, "chosen": choice["chosen"]}
+            for task, choice in leave_one_genre_out(rows, candidates, max_length=length).items() if choice["chosen"]]
+
+
+def genre_table(rows: list[dict], names: list[str], length: int) -> str:
+    """nDCG@10 at `length`: one line per row name, one column per task (its queries in the header);
+    the best value of each column is starred."""
+    tasks = list(dict.fromkeys(r["split"] for r in rows if r["max_length"] == length))
+    cell = {(r["model"], r["split"]): r for r in rows if r["max_length"] == length}
+    queries = {task: len(next(r for (m, t), r in cell.items() if t == task)["per_query"]["ndcg_at_10"]) for task in tasks}
+    width = max(len(n) for n in names) + 2
+    header = f"{'nDCG@10 at ' + str(length):<{width}}" + "".join(f"{t.split(':')[-1][:14] + f' ({queries[t]})':>20}" for t in tasks)
+    lines = [header, "-" * len(header)]
+    for name in names:
+        values = []
+        for task in tasks:
+            row = cell.get((name, task))
+            best = max((cell[(n, task)]["ndcg_at_10"] for n in names if (n, task) in cell), default=None)
+            mark = "*" if row is not None and row["ndcg_at_10"] == best else " "
+            values.append(f"{row['ndcg_at_10']:>19.3f}{mark}" if row else f"{'':>20}")
+        lines.append(f"{name:<{width}}" + "".join(values))
+    return "\n".join(lines)
+
+
+def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
+    """The long table: held-out long pages of every genre, read to `budget["long"]["length"]` tokens, with
+    deep-evidence queries (a sentence from deep inside the page, removed from it) and subject queries
+    (the page's own description, at 512 and at the full length): the base as the user runs it (capped,
+    windows-mean, windows-max), the trained LMK's single vector and landmark max-sim, BM25, and the
+    fused rows chosen leaving each genre out. Prints the tables and the goals' paired intervals, pooled
+    over the held-out genres; writes `results/long.json`."""
+    from lmk_embed_tools.evaluation.table import compare
+    from lmk_embed_tools.evaluation_jobs import evaluate_arguments, evaluation_rows
+
+    long, minilm = budget["long"], minilm_path()
+    length = long["length"]
+    common = [str(lmk), minilm, "--names", LMK_ROW, BASE_NAME, "--queries", str(long["queries"]), "--documents",
+              str(long["documents"]), "--tokenizer", minilm, "--corpus-cache", str(out_dir.parent / "corpora"),
+              "--out", str(out_dir / "results" / "long")]
+    deep_args = evaluate_arguments([*common, "--task", *long["deep_tasks"], long["validation_task"], "--max-lengths", str(length),
+                                    "--windows", BASE_NAME, "--window", "256", "--multi-vector", "--fuse", "minmax",
+                                    "--fuse-weight", *map(str, FUSE_WEIGHTS)])
+    deep, _, _ = evaluation_rows(deep_args, per_query=True)
+    subject_args = evaluate_arguments([*common, "--task", *long["subject_tasks"], "--max-lengths", "512", str(length),
+                                       "--bm25", "--cache-dir", str(out_dir / "results" / "long" / "cache")])
+    subject, _, _ = evaluation_rows(subject_args, per_query=True)
+    # A model that reads 256 tokens reads the same at every length: the base's capped row is its 512 read.
+    package = chosen_rows(deep, PACKAGE_FUSED, "BM25 + trained LMK, chosen leaving the genre out", length)
+    user = chosen_rows(deep, USER_FUSED, "BM25 + base windows-max, chosen leaving the genre out", length)
+    table = deep + package + user
+    names = [BASE_NAME, WINDOWS_MEAN, WINDOWS_MAX, SINGLE, MAX_SIM, HYBRID, "BM25", fused(WINDOWS_MAX, 0.5),
+             fused(MAX_SIM, 0.5), user[0]["model"] if user else "", package[0]["model"] if package else ""]
+    say(genre_table(table, [n for n in names if n], length))
+    for label, choices in (("package", package), ("user", user)):
+        say(f"  {label} fused row chosen per task: " + "; ".join(f"{r['split']}: {r['chosen']}" for r in choices))
+    held_out = [r for r in table if r["split"] != long["validation_task"]]
+    goals = {"landmark max-sim - base windows-max": (MAX_SIM, WINDOWS_MAX),
+             "single vector - base windows-mean": (SINGLE, WINDOWS_MEAN)}
+    if package and user:
+        goals["BM25 + package - BM25 + base windows-max (both chosen leaving the genre out)"] = (package[0]["model"], user[0]["model"])
+    say(f"\nPooled over the held-out tasks ({', '.join(long['deep_tasks'])}; nDCG@10 difference, 95% paired bootstrap):")
+    results = {"deep": table, "subject": subject, "goals": {}}
+    for goal, (row, rival) in goals.items():
+        difference, low, high = compare(pooled(held_out, row), pooled(held_out, rival))
+        per_task = {t: compare(*[next(r for r in held_out if r["model"] == n and r["split"] == t) for n in (row, rival)])[0]
+                    for t in long["deep_tasks"]}
+        results["goals"][goal] = {"difference": difference, "low": low, "high": high, "per_task": per_task}
+        say(f"  {goal}: {difference:+.3f} [{low:+.3f}, {high:+.3f}]; per task "
+            + ", ".join(f"{t.split(':')[-1]} {d:+.3f}" for t, d in per_task.items()))
+    say("\n" + genre_table(subject, [BASE_NAME, LMK_ROW, "BM25"], 512))
+    say(genre_table(subject, [BASE_NAME, LMK_ROW, "BM25"], length))
+    whole, first = pooled([r for r in subject if r["max_length"] == length], LMK_ROW), pooled([r for r in subject if r["max_length"] == 512], LMK_ROW)
+    capped = pooled([r for r in subject if r["max_length"] == 512], BASE_NAME)
+    for goal, rival in ((f"subject queries: trained LMK whole page ({length}) - its 512 read", first),
+                        (f"subject queries: trained LMK whole page ({length}) - base capped at 256", capped)):
+        difference, low, high = compare(whole, {**rival, "split": "pooled"})
+        results["goals"][goal] = {"difference": difference, "low": low, "high": high}
+        say(f"  {goal}: {difference:+.3f} [{low:+.3f}, {high:+.3f}]")
+    (out_dir / "results").mkdir(parents=True, exist_ok=True)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "per_query"} for r in rows]  # noqa: E731
+    (out_dir / "results" / "long.json").write_text(json.dumps(
+        {"budget": long, "deep": strip(table), "subject": strip(subject), "goals": results["goals"]}, indent=1) + "\n")
+    return results
 
 
 def load_checkpoint(path: Path):
@@ -612,10 +680,10 @@ def run_demo(args: argparse.Namespace) -> int:
     report(rows, out_dir / "results", stem="results")
     lap("evaluation")
 
-    say(f"\n4b. Past 512 tokens: the length table ({budget['long']['queries']} queries, "
-        f"{budget['long']['documents']} documents per split) ...")
-    length_rows = evaluate_lengths(trained, out_dir, budget)
-    lap("length table")
+    say(f"\n4b. Long pages of every genre, read to {budget['long']['length']} tokens (up to {budget['long']['queries']} "
+        f"queries and {budget['long']['documents']} pages per task) ...")
+    length_rows = evaluate_long_pages(trained["lmk"], out_dir, budget)["deep"]
+    lap("long table")
 
     say("\n5. Model cards, push.py --dry-run (stage + validate), loading by model id ...")
     for name, path in trained.items():

@@ -76,7 +76,29 @@ def add_evaluate_command(subparsers) -> None:
                         help="NAME@LENGTH NAME@LENGTH (repeatable): on every task, nDCG@10 of ROW minus RIVAL with "
                              "its 95%% paired bootstrap interval over the queries; with two tasks or more, also over "
                              "all their queries pooled")
+    parser.add_argument("--leave-one-genre-out", nargs="+", default=None, metavar="ROW",
+                        help="choose among these rows (names as printed) for each task on the other genres' tasks "
+                             "only (those with at least 50 queries), and print each task's choice and its score")
     parser.set_defaults(handler=run_evaluate)
+
+
+def print_leave_one_genre_out(rows: list[dict], candidates: list[str], lengths: list[int]) -> list[dict]:
+    """Each task's row chosen on the other genres (`leave_one_genre_out`), per length: printed and returned."""
+    from lmk_embed_tools.evaluation.leave_one_out import MIN_QUERIES, leave_one_genre_out
+
+    names = {row["model"] for row in rows}
+    unknown = [name for name in candidates if name not in names]
+    if unknown:
+        raise UsageError(f"--leave-one-genre-out: {unknown} are not rows of this run; the rows are {sorted(names)}")
+    chosen = []
+    print(f"Leave one genre out (each task's row chosen on the other genres' tasks of >= {MIN_QUERIES} queries):")
+    for length in lengths:
+        for task, choice in leave_one_genre_out(rows, candidates, max_length=length).items():
+            score = "no other genre to choose on" if choice["chosen"] is None else f"{choice['ndcg_at_10']:.4f}"
+            print(f"  {task}@{length}: {choice['chosen']} -> nDCG@10 {score}")
+            chosen.append({"task": task, "max_length": length, "chosen": choice["chosen"],
+                           "chosen_on": choice["chosen_on"], "ndcg_at_10": choice["ndcg_at_10"]})
+    return chosen
 
 
 def parse_comparisons(pairs, names: list[str], lengths: list[int]) -> list[tuple[tuple[str, int], tuple[str, int]]]:
@@ -192,12 +214,21 @@ def task_jobs(args: argparse.Namespace, count_tokens) -> list:
     return jobs
 
 
-def run_evaluate(args: argparse.Namespace) -> int:
+def evaluate_arguments(argv: list[str]) -> argparse.Namespace:
+    """`lmk-embed evaluate`'s arguments parsed from `argv`, for callers that run its jobs in-process."""
+    from lmk_embed_tools.commandline import OneLineParser
+
+    parser = OneLineParser(prog="lmk-embed")
+    add_evaluate_command(parser.add_subparsers())
+    return parser.parse_args(["evaluate", *argv])
+
+
+def evaluation_rows(args: argparse.Namespace, per_query: bool = False) -> tuple[list[dict], list[dict], dict]:
+    """(rows, paired comparisons, {name: model}) of an `evaluate` run; per-query scores kept in the
+    rows with `per_query` or --compare."""
     from lmk_embed_tools.evaluation.longcontext import evaluate_jobs, load_model, paired_comparisons
-    from lmk_embed_tools.evaluation.report import card_records, length_curves, write_report
     from lmk_embed_tools.evaluation.retrievers import build_retrievers
     from lmk_embed_tools.evaluation.synthetic import token_counter
-    from lmk_embed_tools.evaluation.table import format_length_table
 
     paths = [m for m in args.models if m.lower() != "bm25"]
     args.bm25 = args.bm25 or len(paths) < len(args.models) or bool(args.fuse)
@@ -224,15 +255,25 @@ def run_evaluate(args: argparse.Namespace) -> int:
                                   windows=None if args.windows is None else (args.windows or list(models)), window=args.window,
                                   window_lengths=args.window_length, fuse=args.fuse, fuse_weights=args.fuse_weight)
     pairs = parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
-    rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=bool(pairs))
-    comparisons = paired_comparisons(rows, pairs)
-    settings = {k: v for k, v in vars(args).items() if k not in ("handler",)}
-    written = write_report(rows, args.out, settings, comparisons=comparisons)
+    rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=per_query or bool(pairs))
+    return rows, paired_comparisons(rows, pairs), models
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from lmk_embed_tools.evaluation.report import card_records, length_curves, write_report
+    from lmk_embed_tools.evaluation.table import format_length_table
+
+    rows, comparisons, models = evaluation_rows(args, per_query=bool(args.leave_one_genre_out))
+    names, paths = list(models), [m for m in args.models if m.lower() != "bm25"]
     for metric in ("ndcg_at_1", "ndcg_at_10"):
         print(format_length_table(rows, metric), end="\n\n")
     for c in comparisons:
         print(f"{c['task']}: {c['row']} - {c['rival']}: nDCG@10 {c['difference']:+.3f} "
               f"[{c['low']:+.3f}, {c['high']:+.3f}] (95% paired bootstrap over queries)")
+    chosen = print_leave_one_genre_out(rows, args.leave_one_genre_out, args.max_lengths) if args.leave_one_genre_out else []
+    settings = {k: v for k, v in vars(args).items() if k not in ("handler",)}
+    written = write_report(rows, args.out, {**settings, "leave_one_genre_out": chosen} if chosen else settings,
+                           comparisons=comparisons)
     if args.record:
         from lmk_embed_tools.model_cards import record_results
 

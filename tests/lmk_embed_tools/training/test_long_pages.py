@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmk_embed_tools.training.long_pages import (InfoNCEWithWindowDistillation, add_page_targets, content_budget,
-                                                 deep_sentence_rows, sentences, special_template, teacher_window_vectors,
+                                                 cut_windows, deep_sentence_rows, sentences, special_template, teacher_window_vectors,
                                                  window_content_ids)
 from tests.helpers import stdlib_texts
 
@@ -132,3 +132,28 @@ def test_training_reads_windows_only_when_asked(minilm_windows, page):
                                      window_length=256)
     assert windows["input_ids"].shape[1] <= 256 and len(windows["window_document"]) == 5
     assert torch.equal(windows["input_ids"], inference["input_ids"])
+
+
+def test_the_window_term_weighs_only_pages_read_in_more_than_one_window(teacher, minilm_windows, page):
+    """A column of pages that each fit one window gets no window term: the loss is the recipe's
+    InfoNCE + page distillation exactly; a page cut into windows adds the term on its windows only."""
+    from sentence_transformers import SentenceTransformer
+
+    from lmk_embed_tools.training.finetune import InfoNCEWithEmbeddingDistillation
+
+    assert cut_windows({"input_ids": torch.zeros(3, 4), "window_document": torch.tensor([0, 0, 1])}).tolist() == [True, True, False]
+    assert not cut_windows({"input_ids": torch.zeros(2, 4)}).any()
+    st = SentenceTransformer(str(minilm_windows), trust_remote_code=True, device="cpu").eval()
+    windowed = InfoNCEWithWindowDistillation(st, teacher, temperature=0.1, weight=1.0, window_weight=5.0)
+    plain = InfoNCEWithEmbeddingDistillation(st, temperature=0.1, weight=1.0, gather_across_devices=False)
+    embedder = st.transformers_model
+    queries = embedder.prepare_features(["json", "text"], max_length=32)
+    labels = torch.randn(2, 2 * 384)
+    short = embedder.prepare_features(["The json module encodes JSON.", "Text wrapping and filling."], max_length=None,
+                                      long_input="windows", window_length=128)
+    with torch.no_grad():
+        assert torch.allclose(windowed([queries, short], labels), plain([queries, short], labels), atol=1e-5)
+        mixed = embedder.prepare_features([page, "Text wrapping and filling."], max_length=None, long_input="windows",
+                                          window_length=128)
+        assert cut_windows(mixed).sum() == len(mixed["window_document"]) - 1
+        assert windowed([queries, mixed], labels) > plain([queries, mixed], labels) + 1e-3
