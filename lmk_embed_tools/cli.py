@@ -46,6 +46,7 @@ COMMANDS = (
     evaluation_jobs.add_analyze_command,
     corpus_commands.add_encode_corpus_command,
     corpus_commands.add_search_command,
+    corpus_commands.add_index_command,
     onnx_export.add_export_onnx_command,
     serve_command.add_serve_command,
     demo.add_demo_command,

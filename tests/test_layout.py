@@ -29,8 +29,8 @@ ALLOWED_IMPORTS = {
     f"{TOOLS}.evaluation_jobs": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "commandline",
                                                           "retrieval_data")},
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards", f"{TOOLS}.onnx_export"},
-    # corpus runs any checkpoint through its own code (trust_remote_code), so it imports none of ours.
-    f"{TOOLS}.corpus": {f"{TOOLS}.compat", f"{TOOLS}.commandline"},
+    # corpus runs any checkpoint through its own code (trust_remote_code); it reads only the option spec (its flags).
+    f"{TOOLS}.corpus": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.commandline"},
     # serve: the corpus loader and index, and the shipped engine's token count.
     f"{TOOLS}.serve": {"lmk_embed", f"{TOOLS}.corpus", f"{TOOLS}.commandline"},
     f"{TOOLS}.cli": {f"{TOOLS}.{p}" for p in ("commandline", "training", "model_cards", "push", "evaluation_jobs", "corpus",

@@ -12,6 +12,7 @@ from pathlib import Path
 from lmk_embed_tools.commandline import check_positive_int
 
 from . import shards as shard_files
+from . import table as index_table
 from .inputs import CorpusInputError, check_sources, resolve_sources
 
 ENGINES = ("local", "ray")
@@ -19,6 +20,8 @@ OUTPUT_VALUES = ("embedding", "landmarks")
 DTYPES = ("float32", "float16")
 PROMPT_NAMES = ("document", "query")
 BACKENDS = ("torch", "onnx")
+# encode()'s options of how a long text is read, which a run passes on when given (settings).
+READING_OPTIONS = ("long_input", "window_length")
 # Files whose bytes decide a local checkpoint's outputs (its README does not); pickled weights
 # (pytorch_model.bin) load too, so they are part of its identity.
 _MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".py", ".txt", ".model")
@@ -97,7 +100,8 @@ def _check_model_settings(identity: dict, folder: Path, settings: dict) -> None:
     except ValueError as error:
         raise CorpusArgumentError(" ".join(str(error).split())) from None
     try:
-        model.resolve(max_length=settings["max_length"], output_value=settings["output_value"])
+        extra = {name: settings[name] for name in READING_OPTIONS if name in settings}
+        model.resolve(max_length=settings["max_length"], output_value=settings["output_value"], **extra)
     except (TypeError, ValueError) as error:
         raise CorpusArgumentError(f"{' '.join(str(error).split())} (MODEL is a {model.config.model_type} checkpoint)") from None
 
@@ -138,13 +142,28 @@ def _dimension(model: dict) -> int:
     return int(AutoConfig.from_pretrained(model["source"], trust_remote_code=True, **kwargs).embedding_dim)
 
 
-def _check_output_dir(output_dir: Path) -> dict | None:
+def _check_output_dir(output_dir: Path, output_value: str) -> dict | None:
+    """The record an earlier run left in OUTPUT_DIR (its manifest, or its index's record), or None
+    for a new or empty folder; anything else there is refused."""
     if output_dir.exists() and not output_dir.is_dir():
         raise CorpusArgumentError(f"OUTPUT_DIR {str(output_dir)!r} is a file; give a new or empty folder, or one "
                                   "encode-corpus wrote before")
     existing = next((parent for parent in output_dir.absolute().parents if parent.exists()), None)
     if not output_dir.exists() and existing is not None and not existing.is_dir():
         raise CorpusArgumentError(f"OUTPUT_DIR {str(output_dir)!r} cannot be made: {str(existing)!r} is a file")
+    if index_table.is_index(output_dir):
+        if output_value != "landmarks":
+            raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} holds a landmark index; give another folder for "
+                                      "document vectors")
+        try:
+            record = index_table.read_record(output_dir)
+        except Exception as error:  # a record table that is not ours, or damaged
+            raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r}: cannot read the index's record "
+                                      f"({' '.join(str(error).split())[:200]}); give a new folder") from None
+        if record.get("format") != index_table.FORMAT:
+            raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} holds an index of format "
+                                      f"{record.get('format')!r}, not {index_table.FORMAT!r}")
+        return record
     try:
         manifest = shard_files.read_manifest(output_dir) if output_dir.is_dir() else None
     except ValueError as error:  # a manifest.json that is not JSON
@@ -155,6 +174,12 @@ def _check_output_dir(output_dir: Path) -> dict | None:
     if manifest is not None and manifest.get("format") != shard_files.FORMAT:
         raise CorpusSettingsError(f"{output_dir / shard_files.MANIFEST} has format {manifest.get('format')!r}, "
                                   f"not {shard_files.FORMAT!r}")
+    if manifest is not None and output_value == "landmarks":
+        if manifest.get("settings", {}).get("output_value") == "landmarks":
+            raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} holds a landmark index in the shard format of "
+                                      f"an earlier version: convert it (`lmk-embed index convert {output_dir} NEW_DIR`)")
+        raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} holds document vectors (parquet shards); give "
+                                  "another folder for a landmark index")
     return manifest
 
 
@@ -168,6 +193,8 @@ def encode_corpus(
     path_field: str | None = None,
     batch_size: int = 32,
     max_length: int | None = None,
+    long_input: str | None = None,
+    window_length: int | None = None,
     prompt_name: str = "document",
     output_value: str = "embedding",
     engine: str = "local",
@@ -178,30 +205,36 @@ def encode_corpus(
     gpus_per_worker: float = 0,
     show_progress_bar: bool = True,
     backend: str = "torch",
-    onnx_file: str = "onnx/model.onnx",
+    onnx_file: str | None = None,
 ) -> dict:
-    """Embed every row of `input` with `model`'s own `encode()` into parquet shards in `output_dir`.
+    """Embed every row of `input` with `model`'s own `encode()` into `output_dir`.
+
+    `output_value="embedding"`: parquet shards. Shard k holds input rows [k * shard_size, (k + 1) *
+    shard_size) in input order, as columns `id` and `embedding` (fixed_size_list<dtype>[D]), with
+    `manifest.json`. `output_value="landmarks"`: the landmark index, LanceDB tables (`table`): one
+    row per document with its text, document vector, landmark vectors and their character spans,
+    written a shard at a time, then indexed for full-text (and, when large, vector) search.
 
     With `path_field`, each row names a UTF-8 text file (relative to its input file's folder)
     instead of holding the text; recurrent models stream it (flat memory in its length).
-    Shard k holds input rows [k * shard_size, (k + 1) * shard_size) in input order, as columns
-    `id`, `embedding` (fixed_size_list<dtype>[D]) and, for `output_value="landmarks"`,
-    `landmarks` (list of [D] vectors per row) and `landmark_spans` (their [start, end) characters).
+    `long_input` and `window_length` (LMK checkpoints) are `encode()`'s (None: the checkpoint's).
     A rerun with the same settings skips complete shards; with other settings it raises
     `CorpusSettingsError`. batch_size, engine and num_workers are not settings: they may change
     between runs (batch composition may move the last bits of a vector).
 
-    `backend="onnx"` (LMK checkpoints) runs the checkpoint's exported graph `onnx_file` on ONNX
-    Runtime, on CPU, through the same `encode()`; the backend and the graph's bytes are settings.
+    `backend="onnx"` (LMK checkpoints) runs the checkpoint's exported graph `onnx_file` (default
+    onnx/model.onnx) on ONNX Runtime, on CPU, through the same `encode()`; the backend and the
+    graph's bytes are settings.
 
     Returns the summary: {"rows", "truncated", "empty", "tokens", "shards", "shards_skipped", "shards_written"}.
     """
     _check_arguments(batch_size=batch_size, num_workers=num_workers, shard_size=shard_size, max_length=max_length,
                      engine=engine, output_value=output_value, dtype=dtype, prompt_name=prompt_name, backend=backend,
-                     text_field=text_field, id_field=id_field, path_field=path_field, gpus_per_worker=gpus_per_worker)
+                     text_field=text_field, id_field=id_field, path_field=path_field, gpus_per_worker=gpus_per_worker,
+                     onnx_file=onnx_file, window_length=window_length)
 
     output_dir = Path(output_dir)
-    manifest = _check_output_dir(output_dir)
+    previous = _check_output_dir(output_dir, output_value)
     sources = resolve_sources(input)
     found = check_sources(sources, text_field, id_field, path_field)
     identity, folder = describe_model(model)
@@ -212,59 +245,94 @@ def encode_corpus(
         "max_length": max_length, "prompt_name": prompt_name,
         "prompt": _prompt(folder, prompt_name), "output_value": output_value, "shard_size": shard_size, "dtype": dtype,
     }
+    for name, value in (("long_input", long_input), ("window_length", window_length)):
+        if value is not None:  # absent when not given, so records written before they existed still match
+            settings[name] = value
     if backend != "torch":  # absent for torch, so manifests written before backends existed still match
-        settings["backend"] = _onnx_setting(folder, onnx_file, gpus_per_worker)
+        settings["backend"] = _onnx_setting(folder, onnx_file or "onnx/model.onnx", gpus_per_worker)
     _check_model_settings(identity, folder, settings)
-    _check_same_settings(output_dir, manifest, settings)
+    _check_same_settings(output_dir, previous, settings)
 
     total = found["rows"]
     plan = [{"index": k, "start": start, "stop": min(start + shard_size, total)}
             for k, start in enumerate(range(0, total, shard_size))]
-    output_dir.mkdir(parents=True, exist_ok=True)
-    shard_files.remove_temporaries(output_dir)
-    done = _shards_already_written(output_dir, plan, manifest)
-    skipped = len(done)
-
-    manifest = {
-        "format": shard_files.FORMAT,
+    record = {
         "model": identity,
         "settings": settings,
-        # Where the rows came from, as a record (absolute); search never reads INPUT: shards hold the text.
+        # Where the rows came from, as a record (absolute); search never reads INPUT: the output holds the text.
         "input": {"paths": [os.path.abspath(s.path) for s in sources], "formats": [s.format for s in sources],
                   "rows": total},
         "dimension": _dimension(identity),
-        "num_shards": len(plan),
-        "shards": [],
-        "complete": False,
     }
+    # Absolute paths: spawned processes and Ray actors may run elsewhere than this working directory.
+    job = {"model": identity, "sources": [{**vars(s), "path": os.path.abspath(s.path)} for s in sources],
+           "settings": settings, "output_dir": str(output_dir.resolve()), "batch_size": batch_size,
+           "id_type": found["id_type"]}
+    run = (_encode_index if output_value == "landmarks" else _encode_shards)
+    done, finish = run(output_dir, plan, previous, record, job)
+    skipped = len(done)
+    pending = [shard for shard in plan if shard["index"] not in done]
+    _run(job, pending, engine, num_workers, done, finish, show_progress_bar, ray_address, gpus_per_worker)
 
-    def save() -> None:
+    counts = {key: sum(r[key] for r in done.values()) for key in ("rows", "truncated", "empty", "tokens")}
+    finish(counts, complete=True, unchanged=not pending)
+    return {**counts, "shards": len(plan), "shards_skipped": skipped, "shards_written": len(plan) - skipped}
+
+
+def _encode_shards(output_dir: Path, plan: list[dict], manifest: dict | None, record: dict, job: dict):
+    """Parquet shards and manifest.json: (finished shards, save(counts=None, complete=False, unchanged))."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    shard_files.remove_temporaries(output_dir)
+    done = _shards_already_written(output_dir, plan, manifest)
+    manifest = {"format": shard_files.FORMAT, **record, "num_shards": len(plan), "shards": [], "complete": False}
+
+    def save(counts: dict | None = None, complete: bool = False, unchanged: bool = False) -> None:
         manifest["shards"] = [done[k] for k in sorted(done)]
+        if complete:
+            manifest.update(complete=True, counts=counts)
         shard_files.write_manifest(output_dir, manifest)
 
     save()
-    pending = [shard for shard in plan if shard["index"] not in done]
-    # Absolute paths: spawned processes and Ray actors may run elsewhere than this working directory.
-    job = {"model": identity, "sources": [{**vars(s), "path": os.path.abspath(s.path)} for s in sources],
-           "settings": settings,
-           "output_dir": str(output_dir.resolve()), "batch_size": batch_size}
-    _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_address, gpus_per_worker)
+    return done, save
 
-    counts = {key: sum(record[key] for record in done.values()) for key in ("rows", "truncated", "empty", "tokens")}
-    summary = {**counts, "shards": len(plan), "shards_skipped": skipped, "shards_written": len(plan) - skipped}
-    manifest["complete"] = True
-    manifest["counts"] = counts
-    save()
-    return summary
+
+def _encode_index(output_dir: Path, plan: list[dict], previous: dict | None, record: dict, job: dict):
+    """The landmark index's tables: (finished shards, finish(counts=None, complete=False, unchanged)).
+    Workers append their shards themselves; the record is written at the start (incomplete) and once
+    all shards are there, after indexing (complete)."""
+    import pyarrow as pa
+
+    index_table.require_lancedb()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    record = {"format": index_table.FORMAT, **record, "hybrid_weight": index_table.DEFAULT_HYBRID_WEIGHT,
+              "complete": False}
+    if previous is None:
+        id_type = pa.int64() if job["id_type"] == "int" else pa.string()
+        index_table.create(output_dir, record, record["dimension"], job["settings"]["dtype"], id_type)
+    done = index_table.finished_shards(output_dir, plan)
+    if previous is not None and (len(done) < len(plan) or not previous.get("complete")):
+        index_table.write_record(output_dir, record)  # incomplete again until the missing shards are in
+
+    def finish(counts: dict | None = None, complete: bool = False, unchanged: bool = False) -> None:
+        if not complete or (unchanged and previous is not None and previous.get("complete")):
+            return  # each shard commits itself; an index found complete is left as it is
+        index_table.finish(output_dir, {**record, "counts": counts})
+
+    return done, finish
 
 
 def _check_arguments(*, batch_size, num_workers, shard_size, max_length, engine, output_value, dtype, prompt_name,
-                     backend, text_field, id_field, path_field, gpus_per_worker) -> None:
-    """Every argument of `encode_corpus` that is not a path, checked before anything is read or written."""
+                     backend, text_field, id_field, path_field, gpus_per_worker, onnx_file, window_length) -> None:
+    """Every argument of `encode_corpus` that is not a path, checked before anything is read or written
+    (the model's own `resolve` checks max_length and window_length against the model)."""
     for name, value in (("batch_size", batch_size), ("num_workers", num_workers), ("shard_size", shard_size)):
         check_positive_int(name, value, CorpusArgumentError)
-    if max_length is not None:
-        check_positive_int("max_length", max_length, CorpusArgumentError)
+    for name, value in (("max_length", max_length), ("window_length", window_length)):
+        if value is not None:
+            check_positive_int(name, value, CorpusArgumentError)
+    if onnx_file is not None and backend != "onnx":
+        raise CorpusArgumentError(f"`onnx_file` (--onnx-file) {onnx_file!r} is the graph of `backend` 'onnx'; add "
+                                  f"--backend onnx to run it, or leave --onnx-file out to run on {backend}")
     for name, value, choices in (("engine", engine, ENGINES), ("output_value", output_value, OUTPUT_VALUES),
                                  ("dtype", dtype, DTYPES), ("prompt_name", prompt_name, PROMPT_NAMES),
                                  ("backend", backend, BACKENDS)):
@@ -280,6 +348,7 @@ def _check_arguments(*, batch_size, num_workers, shard_size, max_length, engine,
 
 
 def _check_same_settings(output_dir: Path, manifest: dict | None, settings: dict) -> None:
+    # `manifest`: the shards' manifest, or the landmark index's record (both carry "settings")
     """An OUTPUT_DIR of an earlier run is resumed only with the same settings."""
     differences = shard_files.setting_differences(manifest["settings"], settings) if manifest is not None else []
     if differences:
@@ -301,7 +370,7 @@ def _shards_already_written(output_dir: Path, plan: list[dict], manifest: dict |
 
 
 def _run(job, pending, engine, num_workers, done, save, show_progress_bar, ray_address, gpus_per_worker) -> None:
-    """Run `engine` over `pending`, recording each finished shard in the manifest at once."""
+    """Run `engine` over `pending`, recording each finished shard at once (`save`)."""
     from tqdm.auto import tqdm
 
     from .engines import run_local, run_ray

@@ -1,46 +1,52 @@
-"""Landmarks as a retrieval index: search an `encode-corpus --output-value landmarks` folder.
+"""Landmarks as a retrieval index: search the LanceDB tables of `encode-corpus --output-value landmarks`.
 
-Every landmark vector of every document goes into one FAISS inner-product index (unit vectors, so
-inner product is cosine). A document scores its best landmark (max-sim, late interaction), and
-each hit names the landmark and its character span, so a user sees the passage that matched.
+A document scores its best landmark (max-sim, late interaction): LanceDB scores the `landmarks`
+multivector column by max-sim over cosine, exactly (a flat scan) below `table.FLAT_LIMIT` landmark
+vectors, and through an IVF-PQ index with exact re-ranking above. Each returned document's score is
+computed again here from its own landmark vectors, which also names the landmark and its character
+span, so a user sees the passage that matched. With `fuse` > 0 the dense score is `(1 - fuse) *
+max-sim + fuse * cos(query, document vector)`: candidates come from both the landmark and the
+document-vector search, then each is scored exactly.
 
-Max-sim from a landmark index is exact with a flat index: the landmarks come back best first, and a
-document's first landmark in that order is its best one, so the first k distinct documents are the
-top k by max-sim. The search asks for more landmarks until k distinct documents are found (or every
-landmark was seen). With `fuse` > 0 the score is `(1 - fuse) * max-sim + fuse * cos(query,
-document vector)`: candidates come from both the landmark and the document index, then each is
-scored exactly. FAISS was chosen by measurement (`python -m benchmarks.landmark_index`,
-docs/corpus-encoding.md).
+`lexical` is LanceDB's BM25 over the stored text (its native full-text index). `hybrid` runs both
+legs at once and fuses them over the union of their candidates: min-max convex fusion by default
+(BM25's share is the index's `hybrid_weight`, overridable per call), or reciprocal rank fusion,
+with the same definitions as the evaluation's `fuse_scores` (a candidate the BM25 leg did not
+return scores 0 there, as every document without a query term does).
 
-The index is a record: the shards hold each document's text, so a passage is cut from the text
-that was encoded, wherever the search runs and whatever became of INPUT. Opening checks the
-manifest, the shards and the query model against each other (`verify`).
+The index is a record: the table holds each document's text, so a passage is cut from the text that
+was encoded, wherever the search runs. Opening reads the record, the model identity and the table's
+version (`verify`); the vectors are read by the queries that need them, never all at open.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from . import table as index_table
 from . import verify
 from .verify import SearchError
 
-
-def require_faiss():
-    try:
-        import faiss
-    except ImportError:
-        raise ImportError("Searching landmarks needs faiss: pip install 'lmk-embed[search]' (faiss-cpu).") from None
-    return faiss
+MODES = ("dense", "lexical", "hybrid")
+FUSIONS = ("minmax", "rank")
+RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
+FUSION_DEPTH = 50  # how many documents each leg of a hybrid query reads
+_CANDIDATE_COLUMNS = ["row", "id", "embedding", "landmarks", "landmark_spans"]
+# LanceDB adds its score column to a projection; naming it keeps the projection explicit.
+_DISTANCE, _SCORE = _CANDIDATE_COLUMNS + ["_distance"], _CANDIDATE_COLUMNS + ["_score"]
 
 
 @dataclass
 class Hit:
     """One ranked document: its id, score, best landmark (index within the document) and that
-    landmark's [start, end) characters in the document's text; `text` is the passage, when read."""
+    landmark's [start, end) characters in the document's text; `row` its place in INPUT; `text` is
+    the passage, when read."""
 
     id: object
     score: float
@@ -50,153 +56,194 @@ class Hit:
     text: str | None = None
 
 
-def first_distinct_documents(search, owner: np.ndarray, wanted: int, total: int) -> dict[int, tuple[float, int]]:
-    """{document: (score, landmark)} of the first `wanted` distinct documents in a landmark ranking.
+def fuse_scores(dense: np.ndarray, sparse: np.ndarray, method: str, weight: float = 0.5, k: int = RRF_K) -> np.ndarray:
+    """dense [Q, N] and sparse (BM25) [Q, N] scores of the same candidates -> fused [Q, N].
 
-    `search(k) -> (scores [k], landmark ids [k])` ranks the best k landmarks (any index: FAISS, usearch);
-    `owner` [L] maps a landmark to its document. A document's first landmark is its best, so with an
-    exact index these are the top documents by max-sim. The search asks for 4x more landmarks until
-    `wanted` documents come back or all `total` landmarks were seen."""
-    asked = max(4 * wanted, 64)
-    while True:
-        asked = min(asked, total)
-        best: dict[int, tuple[float, int]] = {}
-        for score, landmark in zip(*search(asked)):
-            if landmark < 0:  # an approximate index may return fewer than asked
-                continue
-            document = int(owner[landmark])
-            if document not in best:
-                best[document] = (float(score), int(landmark))
-                if len(best) == wanted:
-                    return best
-        if asked == total:
-            return best
-        asked *= 4
+    minmax: `weight` * s + (1 - `weight`) * d, each side scaled to [0, 1] over the candidates (all
+    equal: 0). rank: 1 / (k + dense rank) + 1 / (k + sparse rank), ties sharing the best rank.
+    The evaluation's fusion (`evaluation.retrievers.fuse_scores`), which a test holds this equal to."""
+    if method == "rank":
+        def ranks(scores):
+            ordered = np.sort(-scores, axis=1)
+            return 1 + np.stack([np.searchsorted(row, -values, side="left") for row, values in zip(ordered, scores)])
+
+        return (1.0 / (k + ranks(dense)) + 1.0 / (k + ranks(sparse))).astype(np.float32)
+
+    def scaled(scores):
+        low, high = scores.min(1, keepdims=True), scores.max(1, keepdims=True)
+        return np.where(high > low, (scores - low) / np.where(high > low, high - low, 1), 0.0)
+
+    return (weight * scaled(sparse) + (1 - weight) * scaled(dense)).astype(np.float32)
 
 
-class LandmarkIndex:
-    """The landmarks of a corpus in a FAISS index.
-
-    vectors: float32 [L, D] unit landmark vectors, documents contiguous; owner [L]: each landmark's
-    document (0..N-1); first [N]: each document's first landmark; spans int64 [L, 2];
-    document_vectors float32 [N, D]; ids: the N document ids; texts: the N texts the spans index
-    (None: hits get no passage). N may be 0 (an empty corpus searches to no hits). manifest: the
-    folder's manifest.json, when read from one.
-    """
-
-    def __init__(self, ids: list, vectors: np.ndarray, owner: np.ndarray, spans: np.ndarray,
-                 document_vectors: np.ndarray, folder: Path | None = None, texts: list[str] | None = None,
-                 manifest: dict | None = None):
-        faiss = require_faiss()
-        self.ids, self.owner, self.spans, self.folder, self.texts = ids, owner, spans, folder, texts
-        self.manifest = manifest
-        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        self.document_vectors = np.ascontiguousarray(document_vectors, dtype=np.float32)
-        self.first = np.searchsorted(owner, np.arange(len(ids)))
-        self.landmarks = faiss.IndexFlatIP(self.vectors.shape[1])
-        self.landmarks.add(self.vectors)
-        self.documents = faiss.IndexFlatIP(self.document_vectors.shape[1])
-        self.documents.add(self.document_vectors)
-
-    @classmethod
-    def from_corpus(cls, folder) -> "LandmarkIndex":
-        """Read every shard of a complete `encode-corpus --output-value landmarks` folder, each
-        checked against the manifest (`verify`); a damaged index raises `SearchError`."""
-        folder = Path(folder)
-        manifest = verify.read_index_manifest(folder)
-        dim = manifest["dimension"]
-        ids, texts = [], []
-        vectors, spans, owner, documents = [np.empty((0, dim), np.float32)], [np.empty((0, 2), np.int64)], \
-            [np.empty(0, np.int64)], [np.empty((0, dim), np.float32)]  # an empty corpus is an empty index
-        for record in verify.check_shard_list(folder, manifest):
-            table = verify.read_shard(folder, record, dim)
-            counts = np.diff(table.column("landmarks").combine_chunks().offsets.to_numpy())
-            flat = table.column("landmarks").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
-            vectors.append(flat.reshape(-1, dim).astype(np.float32))
-            span_flat = table.column("landmark_spans").combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
-            spans.append(span_flat.reshape(-1, 2))
-            owner.append(np.repeat(np.arange(len(ids), len(ids) + table.num_rows), counts))
-            documents.append(table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-                             .reshape(-1, dim).astype(np.float32))
-            ids += table.column("id").to_pylist()
-            texts += table.column("text").to_pylist()
-        return cls(ids, _unit(np.concatenate(vectors)), np.concatenate(owner), np.concatenate(spans),
-                   _unit(np.concatenate(documents)), folder, texts, manifest)
-
-    def _queries(self, queries: np.ndarray) -> np.ndarray:
-        """[Q, D] unit float32 queries, their width checked against the index's."""
-        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
-        if queries.ndim != 2 or queries.shape[1] != self.vectors.shape[1]:
-            raise SearchError(f"query vectors of shape {list(queries.shape)} for an index of width "
-                              f"{self.vectors.shape[1]}: embed queries with the model that encoded the corpus")
-        return _unit(queries)
-
-    def max_sim(self, queries: np.ndarray) -> np.ndarray:
-        """Exact max-sim of every document, by a direct scan: queries [Q, D] -> [Q, N] (the reference)."""
-        queries = self._queries(queries)
-        if not self.ids:
-            return np.zeros((len(queries), 0), dtype=np.float32)
-        similarity = queries @ self.vectors.T
-        return np.maximum.reduceat(similarity, self.first, axis=1)
-
-    def search(self, queries: np.ndarray, top_k: int = 10, fuse: float = 0.0) -> list[list[Hit]]:
-        """queries: [Q, D] query vectors -> per query its `top_k` documents, best first."""
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
-            raise SearchError(f"`top_k` must be a positive integer, got {top_k!r}")
-        if not 0.0 <= fuse <= 1.0:
-            raise SearchError(f"`fuse` must be between 0 and 1, got {fuse!r}")
-        queries = self._queries(queries)
-        if not self.ids:
-            return [[] for _ in queries]
-        top_k = min(top_k, len(self.ids))
-        return [self._search_one(query, top_k, fuse) for query in queries]
-
-    def _best_landmarks(self, query: np.ndarray, wanted: int) -> dict[int, tuple[float, int]]:
-        """{document: (max-sim, its best landmark)} of the first `wanted` distinct documents."""
-        def search(asked: int):
-            scores, found = self.landmarks.search(query[None], asked)
-            return scores[0], found[0]
-
-        return first_distinct_documents(search, self.owner, wanted, self.landmarks.ntotal)
-
-    def _search_one(self, query: np.ndarray, top_k: int, fuse: float) -> list[Hit]:
-        best = self._best_landmarks(query, top_k)
-        if fuse > 0:
-            _, found = self.documents.search(query[None], top_k)
-            for document in found[0].tolist():
-                if document not in best:  # exact max-sim of a candidate the landmark search did not reach
-                    start, stop = self.first[document], self._stop(document)
-                    similarity = self.vectors[start:stop] @ query
-                    best[document] = (float(similarity.max()), int(start + similarity.argmax()))
-        scored = []
-        for document, (max_sim, landmark) in best.items():
-            score = max_sim if fuse == 0 else (1 - fuse) * max_sim + fuse * float(self.document_vectors[document] @ query)
-            scored.append((score, document, landmark))
-        scored.sort(key=lambda item: -item[0])
-        return [Hit(self.ids[d], s, int(landmark - self.first[d]), tuple(int(x) for x in self.spans[landmark]), d)
-                for s, d, landmark in scored[:top_k]]
-
-    def _stop(self, document: int) -> int:
-        return int(self.first[document + 1]) if document + 1 < len(self.first) else len(self.owner)
-
-    def passages(self, hits: list[Hit]) -> list[Hit]:
-        """Fill each hit's `text` with its span of the document, from the text stored in the index."""
-        if self.texts is None:
-            raise SearchError("this index was built without its texts: give `texts` to show passages")
-        for hit in hits:
-            hit.text = self.texts[hit.row][hit.span[0]:hit.span[1]]
-        return hits
+def check_search_options(top_k, fuse, mode, fusion, fuse_weight) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
+        raise SearchError(f"`top_k` must be a positive integer, got {top_k!r}")
+    for name, value in (("fuse", fuse), ("fuse_weight", fuse_weight)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0.0 <= value <= 1.0):
+            raise SearchError(f"`{name}` must be between 0 and 1, got {value!r}")
+    for name, value, choices in (("mode", mode, MODES), ("fusion", fusion, FUSIONS)):
+        if value not in choices:
+            raise SearchError(f"`{name}` must be one of {list(choices)}, got {value!r}")
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
 
 
-def search_corpus(folder, queries: list[str], top_k: int = 10, fuse: float = 0.0, model=None,
-                  with_text: bool = True) -> list[list[Hit]]:
-    """Search a landmark corpus with text queries, embedded with `encode_query`; each hit carries its passage.
+class Candidates:
+    """Rows read from the table for one query, each scored exactly: max-sim, its best landmark,
+    cos(query, document vector), and BM25 where the lexical leg returned it."""
 
-    `model`: None (the model the manifest names), a folder or Hub id, each refused unless it is the
+    def __init__(self, query: np.ndarray):
+        self.query, self.rows = query, {}
+
+    def add(self, table, bm25: bool = False) -> None:
+        columns = table.to_pydict()
+        for i, row in enumerate(columns["row"]):
+            if row not in self.rows:
+                landmarks = _unit(np.asarray(columns["landmarks"][i], dtype=np.float32).reshape(-1, self.query.shape[0]))
+                similarity = landmarks @ self.query
+                best = int(np.argmax(similarity)) if len(similarity) else 0
+                self.rows[row] = {
+                    "id": columns["id"][i], "max_sim": float(similarity[best]) if len(similarity) else 0.0,
+                    "landmark": best, "span": tuple(columns["landmark_spans"][i][best]) if len(similarity) else (0, 0),
+                    "cosine": float(_unit(np.asarray(columns["embedding"][i], dtype=np.float32)) @ self.query),
+                    "bm25": 0.0}
+            if bm25:
+                self.rows[row]["bm25"] = float(columns["_score"][i])
+
+    def dense(self, fuse: float) -> dict[int, float]:
+        return {row: (1 - fuse) * c["max_sim"] + fuse * c["cosine"] if fuse else c["max_sim"]
+                for row, c in self.rows.items()}
+
+    def hits(self, scores: dict[int, float], top_k: int) -> list[Hit]:
+        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:top_k]
+        return [Hit(self.rows[row]["id"], float(score), self.rows[row]["landmark"],
+                    tuple(int(x) for x in self.rows[row]["span"]), int(row)) for row, score in ranked]
+
+
+class LandmarkIndex:
+    """An opened landmark index: its record and its `documents` table, at the version it was
+    finished at. `search` embeds nothing: give query vectors (and the query texts for lexical or
+    hybrid search)."""
+
+    def __init__(self, folder, record: dict, documents):
+        self.folder, self.record, self.documents = Path(folder), record, documents
+        self.dimension = int(record["dimension"])
+        self.rows = int(record["rows"])
+        self.hybrid_weight = float(record.get("hybrid_weight", index_table.DEFAULT_HYBRID_WEIGHT))
+        self.vector_index = record.get("vector_index")
+
+    @classmethod
+    def from_corpus(cls, folder) -> "LandmarkIndex":
+        """Open a complete index (`verify.open_documents`); a damaged one raises `SearchError`."""
+        record = verify.read_index_manifest(Path(folder))
+        return cls(folder, record, verify.open_documents(Path(folder), record))
+
+    def _queries(self, queries: np.ndarray) -> np.ndarray:
+        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        if queries.ndim != 2 or queries.shape[1] != self.dimension:
+            raise SearchError(f"query vectors of shape {list(queries.shape)} for an index of width "
+                              f"{self.dimension}: embed queries with the model that encoded the corpus")
+        return _unit(queries)
+
+    def search(self, queries: np.ndarray, top_k: int = 10, fuse: float = 0.0, mode: str = "dense",
+               texts: list[str] | None = None, fusion: str = "minmax", fuse_weight: float | None = None
+               ) -> list[list[Hit]]:
+        """queries: [Q, D] query vectors (and `texts`, the Q query texts, for lexical and hybrid)
+        -> per query its `top_k` documents, best first. `fuse_weight`: BM25's share in min-max
+        fusion (None: the index's `hybrid_weight`)."""
+        check_search_options(top_k, fuse, mode, fusion, fuse_weight)
+        queries = self._queries(queries)
+        if mode != "dense" and (texts is None or len(texts) != len(queries)):
+            raise SearchError(f"`texts` must give the {len(queries)} query texts for mode {mode!r}")
+        if not self.rows:
+            return [[] for _ in queries]
+        weight = self.hybrid_weight if fuse_weight is None else float(fuse_weight)
+        return [self._search_one(query, top_k, fuse, mode, None if texts is None else texts[number], fusion, weight)
+                for number, query in enumerate(queries)]
+
+    def _search_one(self, query, top_k, fuse, mode, text, fusion, weight) -> list[Hit]:
+        candidates = Candidates(query)
+        if mode == "dense":
+            for table in self._dense_legs(query, top_k, fuse):
+                candidates.add(table)
+            return candidates.hits(candidates.dense(fuse), top_k)
+        if mode == "lexical":
+            candidates.add(self._read(self._lexical(text, top_k)), bm25=True)
+            return candidates.hits({row: c["bm25"] for row, c in candidates.rows.items()}, top_k)
+        depth = max(top_k, FUSION_DEPTH)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # both legs at once, as LanceDB's hybrid query runs them
+            lexical = pool.submit(lambda: self._read(self._lexical(text, depth)))
+            for table in self._dense_legs(query, depth, fuse):
+                candidates.add(table)
+            candidates.add(lexical.result(), bm25=True)
+        rows = list(candidates.rows)
+        dense = np.array([[candidates.dense(fuse)[row] for row in rows]])
+        sparse = np.array([[candidates.rows[row]["bm25"] for row in rows]])
+        fused = fuse_scores(dense, sparse, fusion, weight)[0]
+        return candidates.hits(dict(zip(rows, fused.tolist())), top_k)
+
+    def _dense_legs(self, query: np.ndarray, depth: int, fuse: float):
+        legs = [self._landmark_query(query, depth)]
+        if fuse:
+            legs.append(self.documents.search(query, vector_column_name="embedding").distance_type("cosine")
+                        .limit(depth).select(_DISTANCE))
+        return [self._read(leg) for leg in legs]
+
+    def _landmark_query(self, query: np.ndarray, depth: int):
+        builder = self.documents.search(query, vector_column_name="landmarks").distance_type("cosine").limit(depth)
+        if self.vector_index:
+            builder = builder.nprobes(self.vector_index["nprobes"]).refine_factor(self.vector_index["refine_factor"])
+        return builder.select(_DISTANCE)
+
+    def _lexical(self, text: str, depth: int):
+        return self.documents.search(text, query_type="fts", fts_columns="text").limit(depth).select(_SCORE)
+
+    def _read(self, builder):
+        try:
+            return builder.to_arrow()
+        except Exception as error:  # Lance's IO and format errors: a data file missing, cut or replaced
+            raise SearchError(f"{self.folder}: cannot read the index's table ({_lance_message(error)}); it was damaged "
+                              "after encoding: encode the corpus again") from None
+
+    def max_sim(self, queries: np.ndarray) -> np.ndarray:
+        """Exact max-sim of every document, by a direct scan of every row: queries [Q, D] -> [Q, N]
+        in input order (the reference the tests and the benchmark compare with; it reads every vector)."""
+        queries = self._queries(queries)
+        scores = np.zeros((len(queries), self.rows), dtype=np.float32)
+        for batch in self._read(self.documents.search().select(["row", "landmarks"]).limit(None)).to_batches():
+            for row, landmarks in zip(batch["row"].to_pylist(), batch["landmarks"].to_pylist()):
+                vectors = _unit(np.asarray(landmarks, dtype=np.float32).reshape(-1, self.dimension))
+                scores[:, row] = (queries @ vectors.T).max(1) if len(vectors) else 0.0
+        return scores
+
+    def passages(self, hits: list[Hit]) -> list[Hit]:
+        """Fill each hit's `text` with its span of the document, from the text stored in the index."""
+        if not hits:
+            return hits
+        rows = ", ".join(str(hit.row) for hit in hits)
+        table = self._read(self.documents.search().where(f"row IN ({rows})").select(["row", "text"]).limit(len(hits)))
+        texts = dict(zip(table["row"].to_pylist(), table["text"].to_pylist()))
+        for hit in hits:
+            hit.text = texts[hit.row][hit.span[0]:hit.span[1]]
+        return hits
+
+
+def _lance_message(error: Exception) -> str:
+    """Lance's error on one line, without the Rust source locations it appends."""
+    return re.sub(r",? /\S+\.rs:\d+:\d+", "", " ".join(str(error).split()))[:240]
+
+
+def search_corpus(folder, queries: list[str], top_k: int = 10, fuse: float = 0.0, model=None,
+                  with_text: bool = True, mode: str = "dense", fusion: str = "minmax",
+                  fuse_weight: float | None = None) -> list[list[Hit]]:
+    """Search a landmark index with text queries, embedded with `encode_query`; each hit carries its passage.
+
+    `model`: None (the model the index names), a folder or Hub id, each refused unless it is the
     model that encoded the corpus (`verify.query_model`); or an already loaded model, trusted to be
     that model (only its width is checked).
     """
@@ -207,16 +254,22 @@ def search_corpus(folder, queries: list[str], top_k: int = 10, fuse: float = 0.0
             raise SearchError(f"query {number} must be a string, got {type(query).__name__}")
         if not query.strip():  # it would embed as the bare prompt and "match" some document
             raise SearchError(f"query {number} is empty or blank: give text to search for")
+    check_search_options(top_k, fuse, mode, fusion, fuse_weight)
     identity = None
-    if model is None or isinstance(model, (str, Path)):  # refused before any shard or weight is read
+    if model is None or isinstance(model, (str, Path)):  # refused before any vector or weight is read
         identity = verify.query_model(verify.read_index_manifest(Path(folder)), Path(folder),
                                       None if model is None else str(model))
     index = LandmarkIndex.from_corpus(folder)
     if identity is not None:
+        from lmk_embed_tools import quiet_model_loading
+
         from .worker import load_model
 
-        model = load_model(identity)
-    results = index.search(np.asarray(model.encode_query(list(queries)), dtype=np.float32), top_k=top_k, fuse=fuse)
+        with quiet_model_loading():  # a refusal of a damaged table must be the only line printed
+            model = load_model(identity)
+    vectors = np.asarray(model.encode_query(list(queries)), dtype=np.float32)
+    results = index.search(vectors, top_k=top_k, fuse=fuse, mode=mode, texts=list(queries), fusion=fusion,
+                           fuse_weight=fuse_weight)
     return [index.passages(hits) for hits in results] if with_text else results
 
 
@@ -229,4 +282,4 @@ def format_hits(query: str, hits: list[Hit]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Hit", "SearchError", "LandmarkIndex", "first_distinct_documents", "format_hits", "search_corpus"]
+__all__ = ["FUSIONS", "Hit", "LandmarkIndex", "MODES", "SearchError", "format_hits", "fuse_scores", "search_corpus"]

@@ -1,11 +1,18 @@
-"""Opening a landmark index: its manifest, every shard and the query model checked against the record.
+"""Opening a landmark index: its record, its table's version and the query model checked.
 
-An index is a record, not a pointer: the shards hold the text the spans index, so nothing outside
-INDEX is read but the model. What the manifest records is verified at every open, because a
-damaged index otherwise searches to wrong hits with no error: the shard list against the files
-present, each shard's bytes against its sha256 (a swapped, edited or truncated shard), each
-shard's rows and width against the manifest, and the query model's identity against the model
-that encoded the corpus. Every problem is a `SearchError` naming the file and what is wrong.
+An index is a record, not a pointer: its table holds the text the spans index, so nothing outside
+INDEX is read but the model. Opening reads the `record` table (format, model identity, settings,
+the version the index was finished at) and the `documents` table's manifest, not its vectors:
+- Lance's own manifest lists every data file of every version with its rows, and a commit is whole
+  or absent, which is what the old manifest.json and its shard list gave; a table at another version
+  than the record's (rows added, deleted or rewritten after encoding) is refused;
+- the rows, width and model identity are checked against the record here; a data file that is
+  missing, cut short or not Lance fails when a query reads it, and that is refused in one line too;
+- the query model's identity against the model that encoded the corpus stays ours: nothing in
+  Lance knows which model made the vectors.
+Indexes in the earlier shard format (parquet shards and manifest.json) are refused with the command
+that converts them; `read_shard_index` reads them, checksums and all, for that conversion.
+Every problem is a `SearchError` naming the folder and what is wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ COLUMNS = ("id", "embedding", "landmarks", "landmark_spans", "text")
 # Manifest entries search reads, and their types.
 _MANIFEST_ENTRIES = (("settings", dict), ("model", dict), ("input", dict), ("dimension", int), ("num_shards", int),
                      ("shards", list))
+# Record entries search reads, and their types.
+_RECORD_ENTRIES = (("settings", dict), ("model", dict), ("input", dict), ("dimension", int), ("rows", int),
+                   ("version", int))
 
 
 class SearchError(ValueError):
@@ -26,16 +36,87 @@ class SearchError(ValueError):
 
 
 def read_index_manifest(folder: Path) -> dict:
-    """The manifest of a complete landmark corpus in `folder`, its entries checked."""
+    """The record of a complete landmark index in `folder`, its entries checked (the name is the
+    shard format's; the record stands for its manifest)."""
+    from . import table as index_table
+
     if not folder.is_dir():
         raise SearchError(f"INDEX {str(folder)!r} is not a folder written by encode-corpus")
+    if (folder / shard_files.MANIFEST).is_file():
+        return _refuse_shard_folder(folder)
+    if not index_table.is_index(folder):
+        raise SearchError(f"INDEX {str(folder)!r} holds no landmark index (no `record` table): it was not written by "
+                          "encode-corpus --output-value landmarks")
+    try:
+        record = index_table.read_record(folder)
+    except ImportError:
+        raise
+    except Exception as error:
+        raise SearchError(f"INDEX {str(folder)!r}: cannot read its record ({' '.join(str(error).split())[:200]}); "
+                          "encode the corpus again") from None
+    if not isinstance(record, dict) or record.get("format") != index_table.FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise SearchError(f"INDEX {str(folder)!r}: format {found!r}, not {index_table.FORMAT!r}")
+    for key, kind in _RECORD_ENTRIES:
+        if isinstance(record.get(key), bool) or not isinstance(record.get(key), kind):
+            raise SearchError(f"INDEX {str(folder)!r}: its record's `{key}` is missing or not a {kind.__name__} (it was "
+                              "edited or damaged); encode the corpus again")
+    if not isinstance(record["settings"].get("model"), dict) or not isinstance(record["model"].get("source"), str):
+        raise SearchError(f"INDEX {str(folder)!r}: the model entry is missing (the record was edited or damaged); "
+                          "encode the corpus again")
+    if not record.get("complete"):
+        raise SearchError(f"INDEX {str(folder)!r} is not complete: run the same encode-corpus command again to finish it")
+    return record
+
+
+def _refuse_shard_folder(folder: Path):
+    try:
+        manifest = shard_files.read_manifest(folder)
+    except ValueError as error:  # not JSON
+        raise SearchError(str(error)) from None
+    if isinstance(manifest, dict) and isinstance(manifest.get("settings"), dict) and \
+            manifest["settings"].get("output_value") == "embedding":
+        raise SearchError(f"INDEX {str(folder)!r} holds document vectors only: encode the corpus with "
+                          "`--output-value landmarks`")
+    raise SearchError(f"INDEX {str(folder)!r} is a landmark index in the earlier shard format: convert it once with "
+                      f"`lmk-embed index convert {folder} NEW_INDEX` and search NEW_INDEX")
+
+
+def open_documents(folder: Path, record: dict):
+    """The `documents` table at the version the record was finished at, its rows and width checked."""
+    from . import table as index_table
+
+    try:
+        documents = index_table.connect(folder).open_table(index_table.DOCUMENTS)
+        version, rows = documents.version, documents.count_rows()
+        width = documents.schema.field("landmarks").type.value_type.list_size
+    except Exception as error:
+        raise SearchError(f"INDEX {str(folder)!r}: cannot open its documents table ({' '.join(str(error).split())[:200]}"
+                          "); encode the corpus again") from None
+    if version != record.get("version"):
+        raise SearchError(f"INDEX {str(folder)!r}: its documents table is at version {version}, but the index was "
+                          f"finished at version {record.get('version')} (it was changed after encoding); encode the "
+                          "corpus again")
+    if rows != record["input"].get("rows") or rows != record.get("rows"):
+        raise SearchError(f"INDEX {str(folder)!r}: its documents table holds {rows} rows but the input had "
+                          f"{record['input'].get('rows')}")
+    if width != record["dimension"]:
+        raise SearchError(f"INDEX {str(folder)!r}: vectors of width {width}, its record says dimension "
+                          f"{record['dimension']}")
+    return documents
+
+
+def read_shard_manifest(folder: Path) -> dict:
+    """The manifest of a complete landmark index in the earlier shard format, its entries checked."""
     path = folder / shard_files.MANIFEST
+    if not folder.is_dir():
+        raise SearchError(f"SRC {str(folder)!r} is not a folder")
     try:
         manifest = shard_files.read_manifest(folder)
     except ValueError as error:  # not JSON
         raise SearchError(str(error)) from None
     if manifest is None:
-        raise SearchError(f"INDEX {str(folder)!r} has no {shard_files.MANIFEST}: it was not written by encode-corpus")
+        raise SearchError(f"SRC {str(folder)!r} has no {shard_files.MANIFEST}: it is not a shard-format index")
     if not isinstance(manifest, dict) or manifest.get("format") != shard_files.FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise SearchError(f"{path}: format {found!r}, not {shard_files.FORMAT!r}; it was not written by encode-corpus")
@@ -43,13 +124,10 @@ def read_index_manifest(folder: Path) -> dict:
         if isinstance(manifest.get(key), bool) or not isinstance(manifest.get(key), kind):
             raise SearchError(f"{path}: `{key}` is missing or not a {kind.__name__} (the file was edited or "
                               "damaged); encode the corpus again")
-    if not isinstance(manifest["settings"].get("model"), dict) or not isinstance(manifest["model"].get("source"), str):
-        raise SearchError(f"{path}: the model entry is missing (the file was edited or damaged); encode the corpus again")
     if manifest["settings"].get("output_value") != "landmarks":
-        raise SearchError(f"INDEX {str(folder)!r} holds document vectors only: encode the corpus with "
-                          "`--output-value landmarks`")
+        raise SearchError(f"SRC {str(folder)!r} holds document vectors only: there are no landmarks to convert")
     if not manifest.get("complete"):
-        raise SearchError(f"INDEX {str(folder)!r} is not complete: run the same encode-corpus command again to finish it")
+        raise SearchError(f"SRC {str(folder)!r} is not complete: finish it with the encode-corpus command of its version")
     return manifest
 
 
@@ -114,7 +192,7 @@ def query_model(manifest: dict, folder: Path, model: str | None = None) -> dict:
     from .encode import CorpusArgumentError, describe_model, folder_sha256
 
     recorded, index_source = manifest["settings"]["model"], manifest["model"]["source"]
-    name = "`model` (--model)" if model is not None else f"the model {shard_files.MANIFEST} names"
+    name = "`model` (--model)" if model is not None else "the model the index names"
     source = model if model is not None else index_source
     try:
         identity, files = describe_model(source)
@@ -136,4 +214,5 @@ def _fingerprint(identity: dict) -> str:
     return identity.get("sha256") or f"revision {identity.get('revision')}"
 
 
-__all__ = ["SearchError", "check_shard_list", "query_model", "read_index_manifest", "read_shard"]
+__all__ = ["SearchError", "check_shard_list", "open_documents", "query_model", "read_index_manifest", "read_shard",
+           "read_shard_manifest"]

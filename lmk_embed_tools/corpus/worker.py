@@ -2,7 +2,8 @@
 
 A worker reads its shard's rows from INPUT itself (so the driver never holds the corpus), sorts
 them longest first, calls the checkpoint's own `encode()` one batch at a time (landmarks and
-vertical chunking included), and writes the shard in input order.
+vertical chunking included; one forward gives both landmarks and the document vector), and writes
+the shard in input order: a parquet file, or one commit to the landmark index's table.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import table as index_table
 from .inputs import Source, is_blank_file, read_range
 from .shards import shard_table, write_shard
 
@@ -89,20 +91,37 @@ class ShardEncoder:
         text or None, number truncated)."""
         options = {"batch_size": len(texts), "max_length": self.settings["max_length"],
                    "prompt": self.settings["prompt"] or None, "show_progress_bar": False}
+        options.update({name: self.settings[name] for name in ("long_input", "window_length") if name in self.settings})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            embeddings = self.model.encode(texts, **options)
-            landmarks = None
             if self.settings["output_value"] == "landmarks":
-                landmarks = self.model.encode(texts, output_value="landmarks", **options)
+                embeddings, landmarks = self._landmarks_and_mean(texts, options)
+            else:
+                embeddings, landmarks = self.model.encode(texts, **options), None
         truncated = None
         for warning in caught:
             match = _TRUNCATION.match(str(warning.message))
-            if match and truncated is None:  # the landmarks call repeats the same count
+            if match and truncated is None:
                 truncated = int(match.group(1))
             elif not match:
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         return np.asarray(embeddings, dtype=np.float32), landmarks, truncated or 0
+
+    def _landmarks_and_mean(self, texts: list, options: dict) -> tuple[np.ndarray, list]:
+        """One forward for both outputs: landmark pooling's document vector is the mean of the
+        landmark states, normalised after the mean (so the landmarks come back unnormalised here and
+        are normalised one by one, as `encode(output_value="landmarks")` gives them)."""
+        if self.model.config.pooling != "lmk":  # another chunk-aligned pooling: its own document vector
+            return self.model.encode(texts, **options), self.model.encode(texts, output_value="landmarks", **options)
+        import torch
+        import torch.nn.functional as F
+
+        raw = self.model.encode(texts, output_value="landmarks", normalize=False, convert_to_tensor=True, **options)
+        normalize = bool(self.model.config.normalize)
+        means = torch.stack([item["embeddings"].mean(0) for item in raw])
+        landmarks = [{"embeddings": (F.normalize(item["embeddings"], dim=-1) if normalize else item["embeddings"])
+                      .cpu().numpy(), "spans": item["spans"]} for item in raw]
+        return (F.normalize(means, dim=-1) if normalize else means).cpu().numpy(), landmarks
 
     def encode_shard(self, shard: dict, progress=None) -> dict:
         """Encode and write one shard; returns its manifest record (with "index").
@@ -135,9 +154,17 @@ class ShardEncoder:
             raise ValueError(f"shard {shard['index']} has no rows")
         empty = sum(is_blank_file(t) if isinstance(t, Path) else not t.strip() for t in texts)
         counts = {"truncated": truncated, "empty": empty, "tokens": tokens}
-        with_landmarks = self.settings["output_value"] == "landmarks"
-        table = shard_table(ids, embeddings, self.settings["dtype"], landmarks if with_landmarks else None)
+        if self.settings["output_value"] == "landmarks":  # one commit to the index's documents table
+            rows = index_table.shard_rows(shard, ids, [item["text"] for item in landmarks], embeddings,
+                                          landmarks, self.settings["dtype"], self._id_type())
+            return index_table.write_shard(self.job["output_dir"], shard, rows, counts)
+        table = shard_table(ids, embeddings, self.settings["dtype"])
         return {"index": shard["index"], **write_shard(self.job["output_dir"], shard["index"], table, counts)}
+
+    def _id_type(self):
+        import pyarrow as pa
+
+        return pa.int64() if self.job.get("id_type") == "int" else pa.string()
 
     def __call__(self, batch: dict) -> dict:
         records = [self.encode_shard(json.loads(item)) for item in batch["shard"]]

@@ -376,20 +376,51 @@ def test_recurrent_checkpoint(tmp_path, mamba2_checkpoint, texts):
     np.testing.assert_allclose(vectors, model.encode(rows, batch_size=4), atol=1e-5, rtol=0)
 
 
+def read_index(out: Path):
+    """The landmark index's documents table in input order."""
+    from lmk_embed_tools.corpus import table
+
+    return table.connect(out).open_table("documents").to_arrow().sort_by("row")
+
+
 def test_landmarks_and_float16(tmp_path, lmk_checkpoint, lmk_model, texts):
+    """One forward per batch gives both outputs: the document vector (the landmarks' mean) equals
+    encode()'s, and the landmarks equal encode(output_value="landmarks")'s."""
     rows = texts[:12]
     source = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"d{i}", "text": t} for i, t in enumerate(rows)])
-    encode_corpus(str(lmk_checkpoint), str(source), tmp_path / "out", shard_size=5, batch_size=4,
-                  output_value="landmarks", dtype="float16", show_progress_bar=False)
-    table = pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet")))
-    assert str(table.schema.field("embedding").type) == "fixed_size_list<element: halffloat>[32]"
-    expected = lmk_model.encode(rows, output_value="landmarks")
-    np.testing.assert_allclose(np.asarray(table["embedding"].to_pylist(), dtype=np.float32),
-                               lmk_model.encode(rows), atol=2e-3)  # float16 storage
-    for row, item in enumerate(expected):
-        vectors = np.asarray(table["landmarks"][row].as_py(), dtype=np.float32)
-        np.testing.assert_allclose(vectors, item["embeddings"], atol=2e-3)
-        assert [tuple(span) for span in table["landmark_spans"][row].as_py()] == [tuple(s) for s in item["spans"]]
+    for dtype, atol in (("float32", 1e-6), ("float16", 2e-3)):
+        encode_corpus(str(lmk_checkpoint), str(source), tmp_path / dtype, shard_size=5, batch_size=4,
+                      output_value="landmarks", dtype=dtype, show_progress_bar=False)
+        table = read_index(tmp_path / dtype)
+        assert table["id"].to_pylist() == [f"d{i}" for i in range(len(rows))] and table["text"].to_pylist() == rows
+        assert str(table.schema.field("embedding").type) == f"fixed_size_list<item: {'halffloat' if dtype == 'float16' else 'float'}>[32]"
+        expected = lmk_model.encode(rows, output_value="landmarks", batch_size=4)
+        np.testing.assert_allclose(np.asarray(table["embedding"].to_pylist(), dtype=np.float32),
+                                   lmk_model.encode(rows, batch_size=4), atol=atol, rtol=0)
+        for row, item in enumerate(expected):
+            vectors = np.asarray(table["landmarks"][row].as_py(), dtype=np.float32)
+            np.testing.assert_allclose(vectors, item["embeddings"], atol=atol, rtol=0)
+            assert [tuple(span) for span in table["landmark_spans"][row].as_py()] == [tuple(s) for s in item["spans"]]
+
+
+def test_reading_options_and_onnx_file_without_its_backend(tmp_path, lmk_checkpoint, lmk_model, texts, capsys):
+    """--long-input/--window-length (from the option spec) reach encode(); --onnx-file needs --backend onnx."""
+    from lmk_embed_tools import cli
+
+    rows = [" ".join(texts[i : i + 12]) for i in range(0, 36, 12)]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"id": i, "text": t} for i, t in enumerate(rows)])
+    assert cli.main(["encode-corpus", str(lmk_checkpoint), str(source), str(tmp_path / "out"), "--long-input", "windows",
+                     "--window-length", "24", "--no-progress"]) == 0
+    expected = lmk_model.encode(rows, long_input="windows", window_length=24)
+    assert np.abs(expected - lmk_model.encode(rows)).max() > 1e-4  # the window changes the vectors
+    np.testing.assert_allclose(read_output(tmp_path / "out")[1], expected, atol=1e-5, rtol=0)
+    capsys.readouterr()
+    for argv, message in ((["--window-length", "24"], "long_input='windows'"),
+                          (["--onnx-file", "onnx/model_qint8.onnx"], "`onnx_file` (--onnx-file)")):
+        assert cli.main(["encode-corpus", str(lmk_checkpoint), str(source), str(tmp_path / "other"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "other").exists()
 
 
 def test_truncated_texts_are_counted(tmp_path, lmk_checkpoint, lmk_model, texts):
@@ -408,8 +439,21 @@ def test_truncated_texts_are_counted(tmp_path, lmk_checkpoint, lmk_model, texts)
 
 @pytest.mark.slow
 def test_ray_engine_resumes_and_equals_local(tmp_path, clean_run, lmk_checkpoint, jsonl):
-    """Two Ray Data actors finish a run that lost two shards: those two are rewritten, the others kept."""
-    pytest.importorskip("ray", reason="the `scale` extra is not installed (pip install -e '.[scale]'); Ray tests need it")
+    """On one local Ray cluster, two Ray Data actors finish runs that lost shards: parquet shards (the
+    lost two rewritten, the others kept), and a landmark index that lost a shard and holds another
+    twice (a worker killed after its commit, then retried): it ends with every row once, as a local run."""
+    ray = pytest.importorskip("ray", reason="the `scale` extra is not installed (pip install -e '.[scale]'); Ray tests need it")
+    import shutil
+
+    ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}})
+    try:
+        _ray_resumes_shards(tmp_path, clean_run, lmk_checkpoint, jsonl)
+        _ray_resumes_the_index(tmp_path, lmk_checkpoint, jsonl, shutil)
+    finally:
+        ray.shutdown()
+
+
+def _ray_resumes_shards(tmp_path, clean_run, lmk_checkpoint, jsonl):
     import shutil
 
     out = tmp_path / "out"
@@ -431,6 +475,27 @@ def test_ray_engine_resumes_and_equals_local(tmp_path, clean_run, lmk_checkpoint
     assert [(s["file"], s["rows"]) for s in manifest["shards"]] == [(s["file"], s["rows"]) for s in clean["shards"]]
     for shard in manifest["shards"]:
         assert shard["sha256"] == file_sha256(out / shard["file"])
+
+
+def _ray_resumes_the_index(tmp_path, lmk_checkpoint, jsonl, shutil):
+    from lmk_embed_tools.corpus import table
+
+    options = {"output_value": "landmarks", "shard_size": SHARD_SIZE, "batch_size": 16, "show_progress_bar": False}
+    local = encode_corpus(str(lmk_checkpoint), str(jsonl), tmp_path / "local", **options)
+    out = shutil.copytree(tmp_path / "local", tmp_path / "index")
+    documents = table.connect(out).open_table("documents")
+    documents.delete("shard = 1")
+    documents.add(documents.search().where("shard = 3").limit(None).to_arrow())
+    summary = encode_corpus(str(lmk_checkpoint), str(jsonl), out, engine="ray", num_workers=2, **options)
+    assert summary == {**local, "shards_skipped": 2, "shards_written": 2}
+    clean, resumed = read_index(tmp_path / "local"), read_index(out)
+    assert resumed["row"].to_pylist() == list(range(200)) and resumed["id"].to_pylist() == clean["id"].to_pylist()
+    for column in ("embedding", "landmarks"):
+        np.testing.assert_allclose(np.asarray(resumed[column].combine_chunks().flatten().flatten(), dtype=np.float32)
+                                   if column == "landmarks" else np.asarray(resumed[column].to_pylist()),
+                                   np.asarray(clean[column].combine_chunks().flatten().flatten(), dtype=np.float32)
+                                   if column == "landmarks" else np.asarray(clean[column].to_pylist()), atol=1e-6)
+    assert table.read_record(out)["complete"]
 
 
 # ---- rows that name a text file ---------------------------------------------------------------------

@@ -137,6 +137,8 @@ ERROR_TABLE = [
     ("/v1/search", {"query": "x", "mode": "semantic"}, 400, "mode", "one of"),
     ("/v1/search", {"query": "x", "top_k": 0}, 400, "top_k", "positive integer"),
     ("/v1/search", {"query": "x", "fuse": 2}, 400, "fuse", "from 0 to 1"),
+    ("/v1/search", {"query": "x", "mode": "hybrid", "fusion": "sum"}, 400, "fusion", "one of"),
+    ("/v1/search", {"query": "x", "mode": "hybrid", "fuse_weight": -0.5}, 400, "fuse_weight", "from 0 to 1"),
     ("/v1/nothing", {}, 404, None, "Not Found"),
 ]
 
@@ -204,16 +206,23 @@ def test_dense_search_equals_the_search_command(server, index, capsys):
     assert served == lines
 
 
-def test_lexical_and_hybrid_search(server, index):
-    import bm25s
+def test_lexical_and_hybrid_search(server, index, capsys):
+    """BM25 is the index's own; hybrid is `lmk-embed search --mode hybrid`, its fusion and weight per request."""
+    from lmk_embed_tools import cli
 
     lexical = post(server, "/v1/search", {"query": "csv module rows", "mode": "lexical", "top_k": 2}).json()
     hits = lexical["data"][0]["hits"]
     assert hits[0]["id"] == "d1" and hits[0]["text"]  # the one document holding those words
-    hybrid = post(server, "/v1/search", {"query": "csv module rows", "mode": "hybrid", "top_k": 4}).json()
-    assert {hit["id"] for hit in hybrid["data"][0]["hits"]} <= {"d0", "d1", "d2", "d3"}
-    assert hybrid["data"][0]["hits"][0]["id"] == "d1"  # first in the lexical ranking, and in the fused one
-    assert bm25s.__name__ == "bm25s"
+    for body in ({}, {"fusion": "rank"}, {"fuse_weight": 1.0}):
+        hybrid = post(server, "/v1/search", {"query": "csv module rows", "mode": "hybrid", "top_k": 4, **body}).json()
+        flags = [f"--{name.replace('_', '-')}={value}" for name, value in body.items()]
+        assert cli.main(["search", str(index), "csv module rows", "--mode", "hybrid", "--top-k", "4", "--json",
+                         *flags]) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [{k: v for k, v in line.items() if k not in ("query", "rank")} for line in lines] == \
+            hybrid["data"][0]["hits"]
+        assert {hit["id"] for hit in hybrid["data"][0]["hits"]} == {"d0", "d1", "d2", "d3"}
+    assert hybrid["data"][0]["hits"][0]["id"] == "d1"  # BM25 alone (weight 1): first in the lexical ranking
 
 
 def test_through_the_proxy_the_key_is_required_and_every_answer_has_a_request_id(server):
