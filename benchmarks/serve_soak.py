@@ -21,8 +21,10 @@ Checked: every 200 holds, for each of its texts, the vector in-process `encode()
 `encode_query()`) gives that text (max abs difference <= 1e-5); every other answer is the one the
 limits say for its kind, in OpenAI's error shape, or a 429 with `retry-after` (the bounded queue);
 nothing else (no 5xx, no hang: each request has a client timeout). Printed: p50 / p99 latency per
-kind, the short requests' p99 against a quiet run of short requests alone at the same concurrency
-before the soak, the replica's RSS after a warm-up (every kind twice) and the quiet run, and at the end, and the statuses per kind.
+kind; the served kinds' p99 in the soak against a quiet run first, of the served kinds alone (short,
+long, search) at the same concurrency, which says what the refused requests cost the others; the
+replica's RSS after a warm-up (every kind twice) and the quiet run, and at the end; the statuses per
+kind.
 The exit status is 1 when any answer was wrong or unexpected.
 """
 
@@ -170,7 +172,7 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=120, help="the mixed soak's length (the issue: 600)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-requests", type=int, default=20000, help="the soak stops at this many requests")
-    parser.add_argument("--quiet-s", type=float, default=30, help="the quiet run of short requests alone, first")
+    parser.add_argument("--quiet-s", type=float, default=60, help="the quiet run of the served kinds alone, first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the replica and of this process")
     parser.add_argument("--index", default=None, help="an encode-corpus landmarks folder: adds search requests")
     parser.add_argument("--index-checkpoint", default=None, help="the checkpoint that encoded --index (served)")
@@ -214,18 +216,21 @@ def main() -> int:
         replica = httpx.get(f"{url}/health").json()["pid"]
         # Every kind twice first, one at a time: the replica's allocator reaches its working size.
         asyncio.run(drive(url, pools, kinds, [1] * len(kinds), 1, 600, 2 * len(kinds), args.seed + 2))
-        quiet = asyncio.run(drive(url, pools, ["short"], [1], args.concurrency, args.quiet_s, args.max_requests,
-                                  args.seed))
+        served_kinds = [kind for kind in kinds if EXPECTED[kind][0] == 200]
+        quiet = asyncio.run(drive(url, pools, served_kinds, [weights[kinds.index(kind)] for kind in served_kinds],
+                                  args.concurrency, args.quiet_s, args.max_requests, args.seed))
         results["rss_start_mb"] = rss_mb(replica)
-        print_phase("quiet run (short requests alone)", quiet)
+        print_phase("quiet run (the served kinds alone)", quiet)
         soak = asyncio.run(drive(url, pools, kinds, weights, args.concurrency, args.duration_s, args.max_requests,
                                  args.seed + 1))
         results["rss_end_mb"] = rss_mb(replica)
         health = httpx.get(f"{url}/health", timeout=30)
         print_phase("soak (mixed)", soak)
     results.update(quiet=quiet, soak=soak, healthy_after=health.status_code == 200)
-    quiet_p99, soak_p99 = quiet["latency_ms"]["short"]["p99"], soak["latency_ms"]["short"]["p99"]
-    print(f"short p99, soak / quiet: {soak_p99 / quiet_p99:.2f}x ({soak_p99:.0f} / {quiet_p99:.0f} ms)")
+    for kind in served_kinds:
+        if kind in quiet["latency_ms"] and kind in soak["latency_ms"]:
+            quiet_p99, soak_p99 = quiet["latency_ms"][kind]["p99"], soak["latency_ms"][kind]["p99"]
+            print(f"{kind} p99, soak / quiet: {soak_p99 / quiet_p99:.2f}x ({soak_p99:.0f} / {quiet_p99:.0f} ms)")
     for kind in ("oversize_text", "too_many_inputs", "oversize_body", "bad_key"):
         if kind in soak["latency_ms"]:
             row = soak["latency_ms"][kind]

@@ -26,6 +26,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -155,7 +156,7 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         frontend, path = self.frontend, scope.get("path", "")
-        headers = Headers(scope)
+        headers = Headers(scope=scope)
         # Behind Ray Serve's proxy the request already has its id (the client's, or one the proxy made),
         # and the proxy puts it on the answer; here alone, the app gives one.
         request_id = headers.get(REQUEST_ID_HEADER) if frontend.behind_proxy else None
@@ -198,13 +199,6 @@ class Guard:
                                  None if frontend.behind_proxy else request_id)
         finally:
             frontend.metrics.request(path if path in ROUTES else "other", status, time.monotonic() - arrived)
-
-
-class Headers(dict):
-    """An ASGI scope's headers by lower-case name (the last value of a repeated one)."""
-
-    def __init__(self, scope):
-        super().__init__((name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in scope["headers"])
 
 
 async def read_json(request: Request, limits: Limits):
