@@ -281,17 +281,21 @@ class Rwkv7LayerParts:
 
 @dataclass(frozen=True)
 class Rwkv7Parts:
-    """fla's `RWKV7Model`: the embedding module, its layers and the final LayerNorm."""
+    """fla's `RWKV7Model`: the embedding module, its layers and the final LayerNorm, and what its
+    config says of the layers (`attn`: standard attention layers mixed in, None for none; `hidden_act`)."""
 
     embeddings: torch.nn.Module
     layers: list[Rwkv7LayerParts]
     norm: NormParts
+    attn: object = None
+    hidden_act: str = "sqrelu"
 
 
 def rwkv7_parts(backbone) -> Rwkv7Parts:
     """What the plain-torch RWKV-7 path (`modeling_rwkv7`) reads of fla's `RWKV7Model`."""
     read = _Reader("rwkv7", "fla", backbone)
-    norm_first = bool(getattr(read(backbone, "", "config"), "norm_first", False))
+    config = read(backbone, "", "config")
+    norm_first = bool(read(config, "config", "norm_first"))
 
     def layer_norm(module, path: str) -> NormParts:
         return NormParts(read(module, path, "weight"), read(module, path, "eps"), bias=read(module, path, "bias"))
@@ -318,7 +322,8 @@ def rwkv7_parts(backbone) -> Rwkv7Parts:
                                  num_groups=read(g_norm, f"{at}.g_norm", "num_groups"))),
             ffn_norm=layer_norm(read(layer, path, "ffn_norm"), f"{path}.ffn_norm"),
             ffn=Rwkv7FeedForwardParts(read(ffn, ff, "key"), read(ffn, ff, "value"), read(ffn, ff, "x_k"))))
-    return Rwkv7Parts(read(backbone, "", "embeddings"), layers, layer_norm(read(backbone, "", "norm"), "norm"))
+    return Rwkv7Parts(read(backbone, "", "embeddings"), layers, layer_norm(read(backbone, "", "norm"), "norm"),
+                      attn=read(config, "config", "attn"), hidden_act=read(config, "config", "hidden_act"))
 
 
 # The adapter of each recurrent backbone whose modules a block step reads (by `model_type`); other
@@ -326,12 +331,12 @@ def rwkv7_parts(backbone) -> Rwkv7Parts:
 BACKBONE_ADAPTERS = {"mamba2": mamba2_parts, "xlstm": xlstm_parts, "rwkv7": rwkv7_parts}
 
 
-def check_backbone_internals(model_type: str, backbone) -> None:
+def check_backbone_internals(model_type: str, backbone):
     """At load: raise `MissingInternalError` naming the library, its version and the attribute unless
-    `model_type`'s adapter (`BACKBONE_ADAPTERS`) reads every part it needs of `backbone`."""
+    `model_type`'s adapter (`BACKBONE_ADAPTERS`) reads every part it needs of `backbone`; returns
+    the parts (None: no adapter for `model_type`)."""
     adapter = BACKBONE_ADAPTERS.get(model_type)
-    if adapter is not None:
-        adapter(backbone)
+    return None if adapter is None else adapter(backbone)
 
 
 def carried_cache(output, cache_type):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .encoding import Option, check_choice, check_max_length, check_positive_int
+from .encoding import Option, check_choice, check_max_length, check_positive_int, option_defaults
 
 POOLINGS = ("lmk", "cls", "mean", "mean@k", "multi_cls", "latent_attention")
 CHUNK_ALIGNED_POOLINGS = ("lmk", "mean@k")  # pool one position per chunk: landmark vectors + spans exist
@@ -22,27 +22,11 @@ ROTARY_POSITION_EXTENSIONS = ("dynamic",)
 POSITION_EXTENSIONS = ABSOLUTE_POSITION_EXTENSIONS + ROTARY_POSITION_EXTENSIONS
 MIN_MAX_LENGTH = 3  # [CLS] + one token + a landmark
 
-# The family's options (`Option`). Their rules are the `check_*` functions below, which the config applies to
-# its defaults and `LMKModel.resolve` to each call's values: a default and an argument meet one rule.
-LMK_OPTIONS = (
-    Option("pooling", "lmk_pooling", cli_flag="--pooling"),
-    Option("granularity", "lmk_granularity", per_call=True, cli_flag="--granularity"),
-    Option("splitter", "lmk_splitter", per_call=True, cli_flag="--splitter"),
-    Option("granularities", "lmk_granularities", cli_flag="--granularities"),
-    Option("splitter_seed", "lmk_seed", cli_flag="--seed"),
-    # no `_token` suffix in the key: transformers would make it a special token
-    Option("landmark_token", "lmk_landmark", cli_flag="--landmark-token"),
-    Option("max_length", per_call=True, cli_flag="--max-length"),
-    Option("normalize", per_call=True, cli_flag="--no-normalize"),
-    Option("long_input", per_call=True, cli_flag="--long-input"),
-    Option("window_length", per_call=True, cli_flag="--window-length"),
-)
 
-
-def check_lmk_max_length(max_length) -> int | None:
-    """`max_length` (None: no budget), or an error naming it: an integer of at least `MIN_MAX_LENGTH`."""
-    check_max_length(max_length, MIN_MAX_LENGTH, "[CLS], one token and a landmark")
-    return max_length
+def check_lmk_max_length(max_length, limit: int | None = None, name: str = "max_length") -> int | None:
+    """`max_length` (None: no budget), or an error naming it (`name`): an integer of at least
+    `MIN_MAX_LENGTH` and at most `limit`, the backbone's positions (None: no limit)."""
+    return check_max_length(max_length, MIN_MAX_LENGTH, "[CLS], one token and a landmark", limit, name)
 
 
 def check_long_input(long_input, pooling: str) -> str:
@@ -53,16 +37,51 @@ def check_long_input(long_input, pooling: str) -> str:
     return long_input
 
 
-def check_window_length(window_length, name: str = "window_length") -> int | None:
-    """`window_length` (None: the default window), or an error naming it (`name`): an integer of at
-    least 3 ([CLS], one token, a landmark)."""
-    if window_length is None:
-        return None
-    window_length = check_positive_int(name, window_length)
-    if window_length < MIN_MAX_LENGTH:
-        raise ValueError(f"`{name}`={window_length} is too small: a window holds [CLS], one token and a landmark "
-                         f"(at least {MIN_MAX_LENGTH}).")
+def check_window_length(window_length, name: str = "window_length", limit: int | None = None) -> int | None:
+    """`window_length` (None: the default window), or an error naming it (`name`): the budget rule
+    (`check_max_length`) of a window, which holds [CLS], one token and a landmark, within `limit`."""
+    return check_max_length(window_length, MIN_MAX_LENGTH, "[CLS], one token and a landmark in a window", limit, name)
+
+
+def check_granularities(granularities) -> list[int]:
+    """The `variable` splitter's set as a list, or an error naming `granularities`: positive integers."""
+    if isinstance(granularities, (str, bytes)) or not hasattr(granularities, "__iter__"):
+        raise TypeError(f"`granularities` must be a list of positive integers, got {granularities!r}.")
+    return [check_positive_int("granularities", g) for g in granularities]
+
+
+def _window_length_rule(window_length, config) -> int | None:
+    window_length = check_window_length(window_length)
+    if window_length is not None and config.pooling != "lmk":
+        raise ValueError(f"`window_length` is the window of long_input='windows', which pools landmarks: it needs "
+                         f"pooling='lmk', not {config.pooling!r} (leave window_length out).")
     return window_length
+
+
+# The family's options (`Option`): each one's default and rule, declared here once. `LMKConfig`'s
+# fields take these defaults, its `check()` runs these rules, and `LMKModel.resolve` runs the same rule
+# on a call's value: a default and an argument meet one rule.
+LMK_OPTIONS = (
+    Option("pooling", "lmk", "str", lambda value, config: check_choice("pooling", value, POOLINGS),
+           "lmk_pooling", cli_flag="--pooling"),
+    Option("granularity", 128, "int", lambda value, config: check_positive_int("granularity", value),
+           "lmk_granularity", per_call=True, cli_flag="--granularity"),
+    Option("splitter", "fixed", "str", lambda value, config: check_choice("splitter", value, SPLITTERS),
+           "lmk_splitter", per_call=True, cli_flag="--splitter"),
+    Option("granularities", DEFAULT_GRANULARITIES, "list[int]", lambda value, config: check_granularities(value),
+           "lmk_granularities", cli_flag="--granularities"),
+    Option("splitter_seed", 0, "int", None, "lmk_seed", cli_flag="--seed"),
+    # no `_token` suffix in the key: transformers would make it a special token
+    Option("landmark_token", "sep", "str", None, "lmk_landmark", cli_flag="--landmark-token"),
+    Option("max_length", None, "int | None", lambda value, config: check_lmk_max_length(value),
+           per_call=True, cli_flag="--max-length"),
+    Option("normalize", True, "bool", None, per_call=True, cli_flag="--no-normalize"),
+    Option("long_input", "one-pass", "str", lambda value, config: check_long_input(value, config.pooling),
+           per_call=True, cli_flag="--long-input"),
+    Option("window_length", None, "int | None", _window_length_rule, per_call=True, cli_flag="--window-length"),
+)
+OPTION = {option.name: option for option in LMK_OPTIONS}
+_DEFAULT = option_defaults(LMK_OPTIONS)
 
 
 class LMKConfig(PretrainedConfig):
@@ -94,45 +113,36 @@ class LMKConfig(PretrainedConfig):
     sub_configs_defaults = {"backbone_config": SubConfigSpec(AutoConfig, model_type="modernbert")}
 
     backbone_config: dict | PretrainedConfig | None = None
-    pooling: str = "lmk"
-    granularity: int = 128
-    splitter: str = "fixed"
-    granularities: list[int] | tuple[int, ...] = DEFAULT_GRANULARITIES
-    splitter_seed: int = 0
-    landmark_token: str = "sep"
-    normalize: bool = True
-    max_length: int | None = None
+    # The options' defaults are `LMK_OPTIONS`'s; the annotations are for readers (a test compares them).
+    pooling: str = _DEFAULT["pooling"]
+    granularity: int = _DEFAULT["granularity"]
+    splitter: str = _DEFAULT["splitter"]
+    granularities: list[int] | tuple[int, ...] = _DEFAULT["granularities"]
+    splitter_seed: int = _DEFAULT["splitter_seed"]
+    landmark_token: str = _DEFAULT["landmark_token"]
+    normalize: bool = _DEFAULT["normalize"]
+    max_length: int | None = _DEFAULT["max_length"]
     num_latents: int = 64
     latent_heads: int = 8
     query_prompt: str = ""
     document_prompt: str = ""
     base_model: str | None = None
     position_extension: dict | None = None
-    long_input: str = "one-pass"
-    window_length: int | None = None
+    long_input: str = _DEFAULT["long_input"]
+    window_length: int | None = _DEFAULT["window_length"]
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.check()
 
     def check(self) -> None:
-        """Raise a ValueError naming the field for any bad value (also run by the model, since
-        `from_pretrained(..., pooling=...)` sets fields after `__post_init__`)."""
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"Unknown `pooling` {self.pooling!r}; expected one of {list(POOLINGS)}.")
-        if self.splitter not in SPLITTERS:
-            raise ValueError(f"Unknown `splitter` {self.splitter!r}; expected one of {list(SPLITTERS)}.")
-        for name, value in [("granularity", self.granularity), *(("granularities", g) for g in self.granularities)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"`{name}` must hold positive integers, got {value!r}.")
-        self.granularities = [int(g) for g in self.granularities]
+        """Raise naming the field for any bad value (also run by the model, since
+        `from_pretrained(..., pooling=...)` sets fields after `__post_init__`): each option's rule
+        (`LMK_OPTIONS`: a TypeError for a wrong type, a ValueError for a wrong value), then the
+        position extension."""
+        for option in LMK_OPTIONS:
+            setattr(self, option.name, option.check(getattr(self, option.name), self))
         self.check_position_extension()
-        check_long_input(self.long_input, self.pooling)
-        check_window_length(self.window_length)
-        if self.window_length is not None and self.pooling != "lmk":
-            raise ValueError(f"`window_length` is the window of long_input='windows', which pools landmarks: it needs "
-                             f"pooling='lmk', not {self.pooling!r} (leave window_length out).")
-        check_lmk_max_length(self.max_length)
 
     def check_position_extension(self) -> None:
         extension = self.position_extension
@@ -165,4 +175,5 @@ class LMKConfig(PretrainedConfig):
         return {option.tokenizer_key: getattr(self, option.name) for option in LMK_OPTIONS if option.tokenizer_key}
 
 
-__all__ = ["LMKConfig", "LMK_OPTIONS", "check_lmk_max_length", "check_long_input", "check_window_length"]
+__all__ = ["LMKConfig", "LMK_OPTIONS", "OPTION", "check_granularities", "check_lmk_max_length", "check_long_input",
+           "check_window_length"]

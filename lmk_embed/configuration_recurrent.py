@@ -7,7 +7,7 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 from .compat import restore_transformers_model_types
-from .encoding import Option, check_choice, check_max_length, check_positive_int
+from .encoding import Option, check_choice, check_max_length, check_positive_int, option_defaults
 
 SCHEDULES = ("auto", "horizontal", "vertical")
 AUTO = "auto"
@@ -22,16 +22,9 @@ FLOATS_PER_TOKEN_PER_WIDTH = 16
 MIN_AUTO_BLOCK, MAX_AUTO_BLOCK = 256, 4096
 DEFAULT_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 QUERY_TEMPLATE = "Instruct: {task}\nQuery: "
-# The family's options (`Option`). Their rules are the `check_*` functions below, which the config
-# applies to its defaults and `RecurrentEmbedModel.resolve` to each call's values.
-RECURRENT_OPTIONS = (
-    Option("schedule", per_call=True, cli_flag="--schedule"),
-    Option("block_size", per_call=True, cli_flag="--block-size"),
-    Option("add_bos_token", "rec_add_bos", cli_flag="--add-bos-token"),  # no `_token` suffix in the key
-    Option("max_length", per_call=True, cli_flag="--max-length"),
-    Option("normalize", per_call=True, cli_flag="--no-normalize"),
-    Option("default_task", cli_flag="--default-task"),
-)
+# Q, the GPU chunk of a backbone's chunked scan, for the "auto" V of a batch (2Q): read from the
+# backbone (Mamba2's mixers), else this, Mamba2's own default, for backbones without a chunked scan.
+DEFAULT_GPU_CHUNK_SIZE = 256
 
 
 def check_schedule(schedule) -> str:
@@ -48,11 +41,40 @@ def check_block_size(block_size, name: str = "block_size") -> int | str:
     return check_positive_int(name, block_size)
 
 
-def check_recurrent_max_length(max_length, add_bos: bool) -> int | None:
-    """`max_length` (None: no budget), or an error naming it: an integer that holds one token and EOS,
-    and BOS when `add_bos`."""
-    check_max_length(max_length, 2 + bool(add_bos), "BOS, one token and EOS" if add_bos else "one token and EOS")
-    return max_length
+def check_recurrent_max_length(max_length, add_bos: bool, limit: int | None = None,
+                               name: str = "max_length") -> int | None:
+    """`max_length` (None: no budget), or an error naming it (`name`): an integer that holds one token and
+    EOS, and BOS when `add_bos`, within `limit` positions (None: no limit)."""
+    return check_max_length(max_length, 2 + bool(add_bos), "BOS, one token and EOS" if add_bos else "one token and EOS",
+                            limit, name)
+
+
+def check_default_task(default_task) -> str:
+    """The instruction of queries without a task, or an error naming `default_task`: a non-empty string
+    (an empty one would silently give every query an empty instruction)."""
+    if not isinstance(default_task, str):
+        raise TypeError(f"`default_task` must be a string, got {type(default_task).__name__}.")
+    if not default_task.strip():
+        raise ValueError("`default_task` must be a non-empty instruction, got an empty string; leave it out for the "
+                         f"default ({DEFAULT_TASK!r}).")
+    return default_task
+
+
+# The family's options (`Option`): each one's default and rule, declared here once.
+# `RecurrentEmbedConfig`'s fields take these defaults, its `check()` runs these rules, and
+# `RecurrentEmbedModel.resolve` runs the same rule on a call's value.
+RECURRENT_OPTIONS = (
+    Option("schedule", AUTO, "str", lambda value, config: check_schedule(value), per_call=True, cli_flag="--schedule"),
+    Option("block_size", AUTO, "int | str", lambda value, config: check_block_size(value), per_call=True,
+           cli_flag="--block-size"),
+    Option("add_bos_token", False, "bool", None, "rec_add_bos", cli_flag="--add-bos-token"),  # no `_token` suffix in the key
+    Option("max_length", None, "int | None", lambda value, config: check_recurrent_max_length(value, config.add_bos_token),
+           per_call=True, cli_flag="--max-length"),
+    Option("normalize", True, "bool", None, per_call=True, cli_flag="--no-normalize"),
+    Option("default_task", DEFAULT_TASK, "str", lambda value, config: check_default_task(value), cli_flag="--default-task"),
+)
+OPTION = {option.name: option for option in RECURRENT_OPTIONS}
+_DEFAULT = option_defaults(RECURRENT_OPTIONS)
 
 
 # Backbones that live outside transformers: model_type -> (module that registers it, the extra that installs it).
@@ -102,14 +124,15 @@ class RecurrentEmbedConfig(PretrainedConfig):
     sub_configs_defaults = {"backbone_config": SubConfigSpec(AutoConfig, model_type="mamba2")}
 
     backbone_config: dict | PretrainedConfig | None = None
-    schedule: str = "auto"
-    block_size: int | str = AUTO
+    # The options' defaults are `RECURRENT_OPTIONS`'s; the annotations are for readers (a test compares them).
+    schedule: str = _DEFAULT["schedule"]
+    block_size: int | str = _DEFAULT["block_size"]
     ssd_chunk_size: int = 64
-    normalize: bool = True
-    add_bos_token: bool = False
-    max_length: int | None = None
+    normalize: bool = _DEFAULT["normalize"]
+    add_bos_token: bool = _DEFAULT["add_bos_token"]
+    max_length: int | None = _DEFAULT["max_length"]
     query_template: str = QUERY_TEMPLATE
-    default_task: str = DEFAULT_TASK
+    default_task: str = _DEFAULT["default_task"]
     document_prompt: str = ""
     base_model: str | None = None
     distilled_from: str | None = None
@@ -120,11 +143,11 @@ class RecurrentEmbedConfig(PretrainedConfig):
         self.check()
 
     def check(self) -> None:
-        """Raise a ValueError naming the field for any bad value."""
-        check_schedule(self.schedule)
-        check_block_size(self.block_size)
+        """Raise naming the field for any bad value: each option's rule (`RECURRENT_OPTIONS`: a TypeError
+        for a wrong type, a ValueError for a wrong value), then the other fields'."""
+        for option in RECURRENT_OPTIONS:
+            setattr(self, option.name, option.check(getattr(self, option.name), self))
         check_positive_int("ssd_chunk_size", self.ssd_chunk_size)
-        check_recurrent_max_length(self.max_length, self.add_bos_token)
         if "{task}" not in self.query_template:
             raise ValueError("`query_template` must contain '{task}'.")
 
@@ -143,7 +166,7 @@ class RecurrentEmbedConfig(PretrainedConfig):
         return {option.tokenizer_key: getattr(self, option.name) for option in RECURRENT_OPTIONS if option.tokenizer_key}
 
 
-def auto_block_size(device_type: str, width: int, batch_size: int = 1, gpu_chunk_size: int = 256,
+def auto_block_size(device_type: str, width: int, batch_size: int = 1, gpu_chunk_size: int = DEFAULT_GPU_CHUNK_SIZE,
                     cache_bytes: int = CPU_CACHE_BUDGET) -> int:
     """V for `block_size="auto"`: a pure function of the device type, the model width d and the batch.
 
@@ -161,5 +184,5 @@ def auto_block_size(device_type: str, width: int, batch_size: int = 1, gpu_chunk
     return block
 
 
-__all__ = ["RECURRENT_OPTIONS", "RecurrentEmbedConfig", "auto_block_size", "check_block_size",
-           "check_recurrent_max_length", "check_schedule"]
+__all__ = ["DEFAULT_GPU_CHUNK_SIZE", "OPTION", "RECURRENT_OPTIONS", "RecurrentEmbedConfig", "auto_block_size",
+           "check_block_size", "check_default_task", "check_recurrent_max_length", "check_schedule"]

@@ -35,7 +35,7 @@ import re
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass
 
@@ -70,19 +70,35 @@ def call_options(options) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Option:
     """One option of a family, declared once in its configuration file (`LMK_OPTIONS`,
-    `RECURRENT_OPTIONS`). Its default is the config field `name`; `tokenizer_key` names its mirror in
-    tokenizer_config.json (None: not mirrored), `per_call` whether `encode()` takes it for one call
-    (the family's `resolve` defaults it from the config and checks it with the rule the config's own
-    check uses), and `cli_flag` the convert command's flag that sets the default (None: none)."""
+    `RECURRENT_OPTIONS`): its `default` (the config field `name` is set to it), its `kind` (the type a
+    reader sees) and its `rule` (`rule(value, config) -> value`, raising a TypeError for a wrong type
+    and a ValueError for a wrong value, naming the option; None: any value). The config's `check()`
+    runs every rule on its fields, and the family's `resolve` runs the same rule on a call's value.
+    `tokenizer_key` names its mirror in tokenizer_config.json (None: not mirrored), `per_call` whether
+    `encode()` takes it for one call, and `cli_flag` the convert command's flag that sets the default
+    (None: none)."""
 
     name: str
+    default: object = None
+    kind: str = "str"
+    rule: Callable | None = None
     tokenizer_key: str | None = None
     per_call: bool = False
     cli_flag: str | None = None
 
+    def check(self, value, config):
+        """`value` for this option, checked by its rule in the context of `config` (the family's config)."""
+        return value if self.rule is None else self.rule(value, config)
+
+
+def option_defaults(options) -> dict:
+    """`{name: default}` of a family's options: the config class's field defaults."""
+    return {option.name: option.default for option in options}
+
 
 def check_positive_int(name: str, value) -> int:
-    """Return `value` as an int, or raise naming the argument."""
+    """Return `value` as an int, or raise naming the argument: a TypeError for a non-integer (bools
+    included), a ValueError for an integer below 1. The one positive-integer rule."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"`{name}` must be a positive integer, got {value!r} ({type(value).__name__}).")
     if value <= 0:
@@ -90,13 +106,41 @@ def check_positive_int(name: str, value) -> int:
     return int(value)
 
 
-def check_max_length(max_length, minimum: int, holds: str) -> None:
-    """`max_length` must be a positive integer of at least `minimum` (what the layout `holds`)."""
+# Tokenizers without a real limit report a huge sentinel as model_max_length.
+NO_LIMIT = 10**12
+
+
+def tokenizer_limit(model_max_length) -> int | None:
+    """A tokenizer's `model_max_length` as a limit: None for the no-limit sentinel (or none at all)."""
+    return int(model_max_length) if model_max_length is not None and model_max_length < NO_LIMIT else None
+
+
+def max_length_default(configured, *limits) -> int | None:
+    """The one rule for `max_length`'s default: the configured budget (`config.max_length`), else the
+    smallest of the known `limits` (the tokenizer's, the position table's; None: unknown), else None
+    (no budget). Every caller works the default out here: the models, the tokenizer, the model card."""
+    if configured is not None:
+        return int(configured)
+    known = [int(limit) for limit in limits if limit is not None]
+    return min(known) if known else None
+
+
+def check_max_length(max_length, minimum: int, holds: str, limit: int | None = None, name: str = "max_length"):
+    """The one rule for a token budget (`max_length`, a window's `window_length`), given as `name`:
+    None (no budget), or a positive integer (TypeError / ValueError as `check_positive_int`) of at least
+    `minimum` (what the layout `holds`) and at most `limit`, the backbone's positions (None: no limit).
+    Returns it as an int (or None)."""
     if max_length is None:
-        return
-    check_positive_int("max_length", max_length)
+        return None
+    max_length = check_positive_int(name, max_length)
     if max_length < minimum:
-        raise ValueError(f"`max_length`={max_length} is too small: it must hold {holds} (at least {minimum}).")
+        raise ValueError(f"`{name}`={max_length} is too small: it must hold {holds} (at least {minimum}).")
+    if limit is not None and max_length > limit:
+        raise ValueError(
+            f"`{name}`={max_length} exceeds the backbone's limit of {limit} positions; "
+            f"use `{name}` <= {limit} (longer texts are truncated with a warning)."
+        )
+    return max_length
 
 
 def warn_truncated(count: int, total: int, max_length, stacklevel: int, detail: str = "") -> None:
@@ -116,15 +160,6 @@ def warn_non_finite(rows: list[int], total: int, stacklevel: int) -> None:
         warnings.warn(f"{len(rows)} of {total} texts gave vectors holding NaN or inf (texts {shown}): the model cannot "
                       "read them (an overflow in half precision, or weights holding NaN); do not index those rows.",
                       UserWarning, stacklevel=stacklevel + 1)
-
-
-def check_position_limit(name: str, max_length, limit: int | None) -> None:
-    """`max_length` (given as `name`) must fit the backbone's `limit` positions (None: no limit)."""
-    if max_length is not None and limit is not None and max_length > limit:
-        raise ValueError(
-            f"`{name}`={max_length} exceeds the backbone's limit of {limit} positions; "
-            f"use `{name}` <= {limit} (longer texts are truncated with a warning)."
-        )
 
 
 def position_table_limit(backbone: torch.nn.Module) -> int | None:

@@ -25,8 +25,9 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .configuration_lmk import LMK_OPTIONS, SPLITTERS, LMKConfig, check_long_input, check_window_length
-from .encoding import EncoderMixin, call_options, check_choice, check_position_limit, check_positive_int, check_prompt
+from .configuration_lmk import (LMK_OPTIONS, OPTION, SPLITTERS, LMKConfig, check_lmk_max_length, check_long_input,
+                                check_window_length)
+from .encoding import EncoderMixin, call_options, check_choice, check_prompt, max_length_default
 # onnx_backend.py imports no model file, so nothing circles back; this import also ships it in every checkpoint.
 from .onnx_backend import OnnxGraph, load_onnx_model
 from .tokenization_lmk import LayoutOptions, LMKTokenizer, cut_windows
@@ -341,23 +342,21 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
             return int(self.config.position_extension["max_positions"])
         return super().max_positions()
 
-    def default_max_length(self) -> int | None:
-        """config.max_length, else the smaller of the tokenizer's limit and `max_positions()`."""
-        if self.config.max_length is not None:
-            return int(self.config.max_length)
-        return self._readable_length()
-
-    def _readable_length(self) -> int | None:
-        """The smaller of the tokenizer's limit and `max_positions()` (None: neither has one)."""
-        limits = [limit for limit in (self.tokenizer.default_max_length(), self.max_positions()) if limit is not None]
-        return min(limits) if limits else None
+    def default_max_length(self, long_input: str = "one-pass") -> int | None:
+        """`max_length`'s default (`max_length_default`): `config.max_length`, else, for one pass, the
+        smaller of the tokenizer's limit and `max_positions()` (None: neither has one); read by windows,
+        a text has no position limit, so None (the whole text)."""
+        if long_input == "windows":
+            return max_length_default(self.config.max_length)
+        return max_length_default(self.config.max_length, self.tokenizer.max_length_limit(), self.max_positions())
 
     def original_positions(self) -> int | None:
         """The positions the backbone was pretrained with: the original rows of an extended table, else
-        `max_positions()`, else the tokenizer's limit (None: no limit known). The default window length."""
+        the smaller of the tokenizer's limit and `max_positions()` (None: no limit known). The default
+        window length."""
         if self.config.position_extension is not None:
             return int(self.config.position_extension["original_positions"])
-        return self._readable_length()
+        return max_length_default(None, self.tokenizer.max_length_limit(), self.max_positions())
 
     def resolve(self, *, max_length: int | None = None, granularity: int | None = None, splitter: str | None = None,
                 long_input: str | None = None, window_length: int | None = None, prompt: str | None = None,
@@ -380,34 +379,32 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         default_long_input = "one-pass" if training else config.long_input
         long_input = check_long_input(default_long_input if long_input is None else long_input, config.pooling)
         if granularity is not None:
-            granularity = check_positive_int("granularity", granularity)
+            granularity = OPTION["granularity"].check(granularity, config)
         elif training and splitter == "variable":
             granularity = self.draw_granularity()
         else:
             granularity = config.granularity
         pooling = "cls" if training and config.pooling == "multi_cls" else config.pooling  # MultiCLS: inference only
+        # defaulted first, then checked: a default meets the argument's rule
+        name = "max_length" if max_length is not None else "config.max_length"
+        max_length = self.default_max_length(long_input) if max_length is None else max_length
         if long_input == "windows":
-            name = "window_length" if window_length is not None else "config.window_length"
+            window_name = "window_length" if window_length is not None else "config.window_length"
             window_length = config.window_length if window_length is None else window_length
             if window_length is None:
                 window_length = self.original_positions()
-                name = "the default window length"
+                window_name = "the default window length"
             if window_length is None:
                 raise ValueError("`long_input='windows'` needs `window_length`: the backbone reports no position limit.")
-            check_window_length(window_length, name)
             # A W that cannot hold one chunk of g is refused by `cut_windows` for the texts it must cut:
             # a text that fits one window is read whatever g.
-            check_position_limit(name, window_length, self.max_positions())
-            max_length = config.max_length if max_length is None else max_length  # the document's budget
-            self.tokenizer.check_max_length(max_length)
+            window_length = check_window_length(window_length, window_name, self.max_positions())
+            max_length = check_lmk_max_length(max_length, name=name)  # the document's budget: no position limit
         else:
             if window_length is not None:  # read by windows only: refused rather than silently ignored
                 raise ValueError(f"`window_length` is the window of long_input='windows', but this call reads in one "
                                  f"pass (long_input='one-pass'): pass long_input='windows' or leave window_length out.")
-            name = "max_length" if max_length is not None else "config.max_length"
-            max_length = self.default_max_length() if max_length is None else max_length
-            self.tokenizer.check_max_length(max_length)  # defaulted first: a default meets the argument's rule
-            check_position_limit(name, max_length, self.max_positions())
+            max_length = check_lmk_max_length(max_length, self.max_positions(), name)
         layout = LayoutOptions(pooling, granularity, "sentence" if splitter == "sentence" else "fixed", max_length,
                                config.landmark_token, prompt, output_value == "landmarks")
         return LMKRequest(layout.checked(self.tokenizer), long_input, window_length, output_value)

@@ -31,11 +31,11 @@ import torch.nn.functional as F
 from transformers import AutoModel, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .compat import (Mamba2MixerParts, NormParts, cache_keyword, carried_cache, check_backbone_internals, mamba2_parts,
-                     new_xlstm_cache, select_xlstm_cache_rows)
-from .configuration_recurrent import (AUTO, RECURRENT_OPTIONS, RecurrentEmbedConfig, auto_block_size, check_block_size,
-                                     check_schedule)
-from .encoding import EncoderMixin, call_options, check_choice, check_position_limit, check_prompt
+from .compat import (Mamba2MixerParts, Mamba2Parts, NormParts, cache_keyword, carried_cache, check_backbone_internals,
+                     mamba2_parts, new_xlstm_cache, select_xlstm_cache_rows)
+from .configuration_recurrent import (AUTO, DEFAULT_GPU_CHUNK_SIZE, RECURRENT_OPTIONS, RecurrentEmbedConfig,
+                                     auto_block_size, check_block_size, check_schedule)
+from .encoding import EncoderMixin, call_options, check_choice, check_prompt, max_length_default
 from .modeling_rwkv7 import Rwkv7State, check_rwkv7_backbone, rwkv7_block_step
 from .ssd import mamba_chunk_scan_combined  # noqa: F401 - read by benchmarks/gpu_recurrent.py
 from .ssd import ssd_scan
@@ -190,6 +190,13 @@ class StateCarrier:
         """At load: refuse a backbone this family's block step cannot run. Nothing to refuse by default."""
 
     @staticmethod
+    def gpu_chunk_size(parts) -> int:
+        """Q, the GPU chunk of the backbone's chunked scan, from its adapter's `parts` (read at load;
+        None for a backbone without an adapter): the "auto" V of a batch is 2Q. Backbones without a
+        chunked scan take `DEFAULT_GPU_CHUNK_SIZE`."""
+        return DEFAULT_GPU_CHUNK_SIZE
+
+    @staticmethod
     def block_step(model: "RecurrentEmbedModel", input_ids: torch.Tensor, state: CarriedState | None):
         """One block input_ids [b, t] through every layer of `model.backbone` from `state` (None: the
         start of the sequences) -> (final hidden [b, t, D], the state after the block, for the next one)."""
@@ -226,6 +233,10 @@ class Mamba2Carrier(StateCarrier):
             hidden = residual + hidden
             new_states.append(layer_state)
         return rms_norm(backbone.norm_f, hidden), Mamba2State(new_states)
+
+    @staticmethod
+    def gpu_chunk_size(parts: Mamba2Parts) -> int:
+        return int(parts.layers[0].mixer.chunk_size) if parts.layers else DEFAULT_GPU_CHUNK_SIZE
 
     @staticmethod
     def prefers_own_step(device):
@@ -353,9 +364,10 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         super().__init__(config)
         config.check()
         self.backbone = AutoModel.from_config(config.backbone_config)
-        check_backbone_internals(config.backbone_config.model_type, self.backbone)  # once per load, named
-        if self.state_carrier is not None:
-            self.state_carrier.check_backbone(self.backbone)
+        parts = check_backbone_internals(config.backbone_config.model_type, self.backbone)  # once per load, named
+        carrier = self.state_carrier if self.state_carrier is not None else StateCarrier
+        carrier.check_backbone(self.backbone)
+        self._gpu_chunk_size = carrier.gpu_chunk_size(parts)
         self._tokenizer = None
         self.post_init()
 
@@ -368,8 +380,8 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
 
     def auto_block_size(self, batch_size: int = 1) -> int:
         """The "auto" V: `auto_block_size` for this device, the backbone's width and `batch_size`."""
-        backbone = self.config.backbone_config
-        return auto_block_size(self.device.type, int(backbone.hidden_size), batch_size, int(getattr(backbone, "chunk_size", 256)))
+        return auto_block_size(self.device.type, int(self.config.backbone_config.hidden_size), batch_size,
+                               self._gpu_chunk_size)
 
     def resolve_block_size(self, block_size: int | str | None, batch_size: int = 1) -> int:
         """V for a batch of `batch_size`: an explicit integer wins; "auto" (the config default) asks
@@ -470,7 +482,9 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
     # ---- inputs -------------------------------------------------------------------------------
 
     def default_max_length(self) -> int | None:
-        return self.config.max_length
+        """`max_length_default` of `config.max_length` and the position limit (none for a recurrent
+        backbone: None, no budget, which the vertical schedule allows)."""
+        return max_length_default(self.config.max_length, self.max_positions())
 
     def prepare_features(self, texts: list[str], prompt: str | None = None, max_length=None, **forward_options):
         """Tokenize a batch into model inputs: dict of [B, T] tensors (used by the ST module).
@@ -560,9 +574,9 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         schedule = self.resolve_schedule(schedule, block_size)
         _ = self.tokenizer.eos_id  # a tokenizer without EOS fails here, clearly
         name = "max_length" if max_length is not None else "config.max_length"
-        max_length = self.config.max_length if max_length is None else max_length
-        self.tokenizer.check_max_length(max_length)  # defaulted first: a default meets the argument's rule
-        check_position_limit(name, max_length, self.max_positions())
+        max_length = self.default_max_length() if max_length is None else max_length
+        # defaulted first: a default meets the argument's rule
+        max_length = self.tokenizer.check_max_length(max_length, self.max_positions(), name)
         return RecurrentRequest(prompt, output_value, max_length, schedule)
 
     def _embed_texts(self, texts: list[str], request: "RecurrentRequest") -> tuple[torch.Tensor, int]:

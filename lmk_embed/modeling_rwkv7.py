@@ -148,15 +148,16 @@ def rwkv7_block_step(backbone, input_ids, state: Rwkv7State | None):
 
 
 def check_rwkv7_backbone(backbone) -> None:
-    """Refuse what this path does not run: hybrid layers (standard attention) and other activations."""
-    config = backbone.config
-    if getattr(config, "attn", None):
+    """Refuse what this path does not run: hybrid layers (standard attention) and other activations
+    (read from fla's config through `compat.rwkv7_parts`)."""
+    parts = rwkv7_parts(backbone)
+    if parts.attn:
         raise ValueError(
             "This RWKV-7 checkpoint mixes in standard attention layers (`attn` in its config); the plain-torch "
             "RWKV-7 path runs RWKV-7 layers only."
         )
-    if getattr(config, "hidden_act", "sqrelu") != "sqrelu":
-        raise ValueError(f"RWKV-7 `hidden_act` {config.hidden_act!r} is not supported (only 'sqrelu').")
+    if parts.hidden_act != "sqrelu":
+        raise ValueError(f"RWKV-7 `hidden_act` {parts.hidden_act!r} is not supported (only 'sqrelu').")
 
 
 __all__ = ["Rwkv7LayerState", "Rwkv7State", "check_rwkv7_backbone", "rwkv7_block_step", "wkv7_recurrence"]

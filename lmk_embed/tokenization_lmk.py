@@ -35,21 +35,21 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
-from .configuration_lmk import CHUNK_ALIGNED_POOLINGS, LMK_OPTIONS, POOLINGS, SPLITTERS, LMKConfig, check_lmk_max_length
+from .configuration_lmk import (CHUNK_ALIGNED_POOLINGS, LMK_OPTIONS, OPTION, POOLINGS, SPLITTERS, LMKConfig,
+                                check_lmk_max_length)
 from .encoding import (
     check_choice,
-    check_positive_int,
     check_tokenizer_call,
     ModelInputs,
     encode_content,
+    max_length_default,
+    tokenizer_limit,
     to_batch_encoding,
     warn_truncated,
 )
 
-# tokenizer_config.json key -> the LMKConfig field that holds its default
-_OPTION_NAMES = {option.tokenizer_key: option.name for option in LMK_OPTIONS if option.tokenizer_key}
-# Tokenizers without a real limit report a huge sentinel as model_max_length.
-NO_LIMIT = 10**12
+# tokenizer_config.json key -> its option's default (`LMK_OPTIONS`: the config's defaults too)
+_OPTION_DEFAULTS = {option.tokenizer_key: option.default for option in LMK_OPTIONS if option.tokenizer_key}
 
 # A sentence ends after terminal punctuation (plus closing quotes or brackets) followed by
 # whitespace or the end of the text, or at a blank line.
@@ -88,18 +88,30 @@ class LandmarkBatch:
         return ModelInputs(tensors, self.truncated, self.max_length)
 
 
+def check_window_holds_chunk(window_length: int, granularity: int, has_start: bool, name: str = "window_length") -> int:
+    """The one rule that a window W holds one chunk: g content tokens, its landmark and, when the
+    tokenizer has one, the start token (W >= g + 1 + has_start); else a ValueError naming `name`.
+    `cut_windows` applies it to every text it must cut, the converter to a checkpoint's defaults."""
+    smallest = granularity + 1 + int(bool(has_start))
+    if window_length < smallest:
+        raise ValueError(f"`{name}`={window_length} cannot hold one chunk of g={granularity} tokens with its landmark"
+                         f"{' and the start token' if has_start else ''} (at least {smallest}).")
+    return window_length
+
+
 def cut_windows(batch: LandmarkBatch, window_length: int, has_start: bool, pad_id: int) -> LandmarkBatch:
     """The `windows` long-input schedule: each landmark-layout row longer than `window_length` is cut
     at landmark boundaries into windows of whole chunks, each window opened by the row's start token
     ([CLS] c_1 [LMK] ... c_j [LMK]) and read at the original positions. A row that fits stays one row,
     unchanged; if every row fits, `batch` is returned as is. Landmarks keep their order, so `spans`
-    still line up. Needs `window_length` >= g + 1 + has_start (a chunk, its landmark, the start).
+    still line up. A batch with a row to cut needs `window_length` to hold a chunk (`check_window_holds_chunk`).
 
     Returns the batch with rows = windows, [rows, T'], and `window_document` [rows].
     """
     lengths = batch.attention_mask.sum(1)
     if (lengths <= window_length).all():
         return batch
+    check_window_holds_chunk(window_length, batch.granularity, has_start)
     start = int(bool(has_start))
     ids_rows, mask_rows, document = [], [], []
     for text, length in enumerate(lengths.tolist()):
@@ -111,10 +123,9 @@ def cut_windows(batch: LandmarkBatch, window_length: int, has_start: bool, pad_i
         begin = start
         while begin < length:
             last = np.searchsorted(chunk_ends, begin + window_length - start, side="right") - 1
-            stop = chunk_ends[last] if last >= 0 else begin  # none fits: never wrap round to the text's end
-            if stop <= begin:
-                raise ValueError(f"`window_length`={window_length} cannot hold one chunk of g={batch.granularity} "
-                                 f"tokens with its landmark{' and the start token' if start else ''}.")
+            if last < 0:  # never: a chunk holds at most g tokens, and a window holds a chunk (checked above)
+                raise RuntimeError(f"No whole chunk fits a window of {window_length} tokens at token {begin}.")
+            stop = chunk_ends[last]
             ids_rows.append(np.concatenate([ids[:start], ids[begin:stop]]))
             mask_rows.append(np.concatenate([mask[:start] * 0, mask[begin:stop]]))
             document.append(text)
@@ -363,7 +374,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
     def _option(self, key: str):
         """Option `key` of tokenizer_config.json, else its `LMKConfig` default (`LMK_OPTIONS`)."""
         value = self.init_kwargs.get(key)
-        return getattr(LMKConfig, _OPTION_NAMES[key]) if value is None else value
+        return _OPTION_DEFAULTS[key] if value is None else value
 
     @property
     def lmk_pooling(self) -> str:
@@ -398,10 +409,15 @@ class LMKTokenizer(PreTrainedTokenizerFast):
             if token_id == self.unk_token_id and choice != self.unk_token:
                 token_id = None
         if token_id is None:
+            if choice in ("sep", "eos"):
+                missing = "neither a SEP nor an EOS token" if choice == "sep" else "no EOS token"
+                problem = f"`lmk_landmark`={choice!r} but the tokenizer has {missing}"
+            else:
+                problem = f"`lmk_landmark`={choice!r} is not a token of the tokenizer's vocabulary"
             raise ValueError(
-                f"The tokenizer has no landmark token: `lmk_landmark`={choice!r} but it has neither a SEP nor "
-                "an EOS token. Give a landmark token in the vocabulary (`landmark_token` of convert_to_lmk, "
-                "`--landmark-token` of lmk-embed convert-lmk)."
+                f"The tokenizer has no landmark token: {problem}. Give a landmark token in the vocabulary ('sep', "
+                "'eos' or a literal token: `landmark_token` of convert_to_lmk, `--landmark-token` of lmk-embed "
+                "convert-lmk)."
             )
         return int(token_id)
 
@@ -419,9 +435,9 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         """The token that closes the plain layouts: SEP, else EOS."""
         return self.sep_token_id if self.sep_token_id is not None else self.eos_token_id
 
-    def default_max_length(self) -> int | None:
-        limit = self.model_max_length
-        return int(limit) if limit is not None and limit < NO_LIMIT else None
+    def max_length_limit(self) -> int | None:
+        """The most tokens this tokenizer says its model reads (`model_max_length`; None: no limit)."""
+        return tokenizer_limit(self.model_max_length)
 
     def draw_granularity(self) -> int:
         """One g from `lmk_granularities`, from a generator seeded with `lmk_seed` (reproducible; for
@@ -457,7 +473,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
             "LMKTokenizer", text, kwargs, padding, return_tensors, "the landmark layout defines them"
         )
         if max_length is None and truncation:
-            max_length = self.default_max_length()
+            max_length = max_length_default(None, self.max_length_limit())
         batch = self.build_layout(texts, pooling=pooling, granularity=granularity, splitter=splitter,
                                   max_length=max_length if truncation else None, prompt=prompt,
                                   with_spans=return_landmark_spans)
@@ -476,8 +492,8 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         return encode_content(self, texts, max_tokens)
 
     @staticmethod
-    def check_max_length(max_length) -> None:
-        check_lmk_max_length(max_length)
+    def check_max_length(max_length) -> int | None:
+        return check_lmk_max_length(max_length)
 
     def resolve(self, *, pooling: str | None = None, granularity: int | None = None, splitter: str | None = None,
                 max_length: int | None = None, prompt: str | None = None, with_spans: bool = False,
@@ -489,7 +505,7 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         if granularity is None:
             granularity = self.draw_granularity() if splitter == "variable" else self.lmk_granularity
         self.check_max_length(max_length)
-        options = LayoutOptions(pooling, check_positive_int("granularity", granularity),
+        options = LayoutOptions(pooling, OPTION["granularity"].check(granularity, None),
                                 "sentence" if splitter == "sentence" else "fixed", max_length,
                                 self._landmark_option() if landmark is None else landmark, prompt, with_spans)
         return options.checked(self)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import BatchEncoding, PreTrainedTokenizerFast
 
-from .configuration_recurrent import check_recurrent_max_length
+from .configuration_recurrent import OPTION, check_recurrent_max_length
 from .encoding import (
     ModelInputs,
     check_tokenizer_call,
@@ -62,7 +62,8 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
 
     @property
     def add_bos(self) -> bool:
-        return bool(self.init_kwargs.get("rec_add_bos") or False)
+        value = self.init_kwargs.get("rec_add_bos")  # else the option's default (`RECURRENT_OPTIONS`)
+        return bool(OPTION["add_bos_token"].default if value is None else value)
 
     @property
     def eos_id(self) -> int:
@@ -78,8 +79,9 @@ class RecurrentEmbedTokenizer(PreTrainedTokenizerFast):
             raise ValueError("`rec_add_bos` is set but the tokenizer has no BOS token.")
         return [int(self.bos_token_id)]
 
-    def check_max_length(self, max_length) -> None:
-        check_recurrent_max_length(max_length, self.add_bos)
+    def check_max_length(self, max_length, limit: int | None = None, name: str = "max_length") -> int | None:
+        """`check_recurrent_max_length` with this tokenizer's BOS."""
+        return check_recurrent_max_length(max_length, self.add_bos, limit, name)
 
     def strip_trailing_eos(self, text: str) -> str:
         """A text that already ends in the EOS string gets no second EOS."""

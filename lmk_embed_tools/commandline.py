@@ -1,8 +1,9 @@
 """What every `lmk-embed` subcommand shares: the one-line user error, the parser that prints it,
 argparse types, and the checks of a model source and an output folder.
 
-It imports nothing of ours, so the module that owns a job can hold its command (`add_arguments`,
-`run`) without importing the command tree back.
+It imports nothing of the tooling (of the shipped package, only the rules its checks apply), so the
+module that owns a job can hold its command (`add_arguments`, `run`) without importing the command
+tree back.
 """
 
 from __future__ import annotations
@@ -24,21 +25,26 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def check_positive_int(name: str, value, error: type[Exception] = ValueError) -> int:
-    """`value` if it is an int above 0 (bools refused), else `error` naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise error(f"`{name}` must be a positive integer, got {value!r}")
-    return value
+    """`value` if it is an int above 0 (bools refused), else `error` naming `name`: the shipped rule
+    (`lmk_embed.encoding.check_positive_int`), raised as the caller's error type."""
+    from lmk_embed.encoding import check_positive_int as rule  # lazily: torch loads only when a value is checked
+
+    try:
+        return rule(name, value)
+    except (TypeError, ValueError) as problem:
+        raise error(str(problem).rstrip(".")) from None
 
 
 def positive_int(text: str) -> int:
-    """argparse type: an integer above 0."""
+    """argparse type: an integer above 0 (the same rule, on the flag's text)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+    try:
+        return check_positive_int("value", value, argparse.ArgumentTypeError)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}") from None
 
 
 def block_size(text: str) -> int | str:

@@ -14,7 +14,28 @@ from pathlib import Path
 
 import torch
 
-from lmk_embed.encoding import check_position_limit
+
+def check_output_folder(output_dir: str | Path) -> None:
+    """A converter writes into a new or empty folder, or over one of our own checkpoints (a conversion
+    done again); a folder holding other files is refused rather than mixed with a checkpoint."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return
+    names = sorted(path.name for path in folder.iterdir())
+    if not names:
+        return
+    config = folder / "config.json"
+    model_type = None
+    if config.is_file():
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (ValueError, AttributeError):
+            model_type = None
+    if model_type not in CONVERTED_MODEL_TYPES:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ConversionError(f"`output_dir` {str(output_dir)!r} is not empty ({shown}) and holds no lmk-embed "
+                              "checkpoint: give a new or empty folder.")
+
 
 def save_checkpoint(model, tokenizer, folder: str | Path) -> Path:
     """Write `model` + `tokenizer` as a complete checkpoint folder (see the module docstring): the
@@ -92,10 +113,11 @@ def convert_to_lmk(
     N extends the backbone past its positions with `position_extension` (see `plan_position_extension`);
     inputs that fit the original positions keep the base's vectors.
     """
-    from lmk_embed.configuration_lmk import LMKConfig
+    from lmk_embed.configuration_lmk import LMKConfig, check_lmk_max_length
     from lmk_embed.modeling_lmk import LMKModel
     from lmk_embed.tokenization_lmk import LMKTokenizer
 
+    check_output_folder(output_dir)
     check_encoder_source(source)
     backbone = load_source_backbone(source)
     backbone_config = backbone_config_dict(backbone)
@@ -113,13 +135,13 @@ def convert_to_lmk(
         config = LMKConfig(backbone_config=backbone_config, position_extension=extension,
                            base_model=base_model if base_model is not None else hub_id_or_none(source),
                            **{name: value for name, value in options.items() if value is not None})
-    except ValueError as error:
+    except (TypeError, ValueError) as error:  # the option's rule names it
         raise ConversionError(str(error)) from None
     seed = config.splitter_seed
     torch.manual_seed(seed)  # the latent-attention pooler is the only new weight
     model = LMKModel(config)
     try:
-        check_position_limit("max_length", max_length, model.max_positions())
+        check_lmk_max_length(max_length, model.max_positions())
     except ValueError as error:
         hint = "" if extension else " To read longer inputs, extend the backbone with `--max-positions N`."
         raise ConversionError(f"{error}{hint}") from None
@@ -137,15 +159,15 @@ def convert_to_lmk(
 
 def check_window_length(config, tokenizer, limit: int | None) -> None:
     """The checkpoint's default window W (`config.window_length`) must fit the position table and hold
-    one chunk of the default g with its landmark and start token, or every text longer than W fails."""
+    one chunk of the default g (`check_window_holds_chunk`), or every text longer than W fails."""
+    from lmk_embed.configuration_lmk import check_window_length as check_window_budget
+    from lmk_embed.tokenization_lmk import check_window_holds_chunk
+
     if config.window_length is None:
         return
-    smallest = config.granularity + 1 + int(tokenizer.start_token_id is not None)
-    if config.window_length < smallest:
-        raise ConversionError(f"`window_length`={config.window_length} must hold one chunk of g={config.granularity} "
-                              f"tokens with its landmark and the start token (at least {smallest}).")
     try:
-        check_position_limit("window_length", config.window_length, limit)
+        check_window_holds_chunk(config.window_length, config.granularity, tokenizer.start_token_id is not None)
+        check_window_budget(config.window_length, limit=limit)
     except ValueError as error:
         raise ConversionError(str(error)) from None
 
@@ -264,11 +286,11 @@ def convert_to_recurrent(
     source: str | Path,
     output_dir: str | Path,
     *,
-    schedule: str = "auto",
-    block_size: int | str = "auto",
-    ssd_chunk_size: int = 64,
-    normalize: bool = True,
-    add_bos_token: bool = False,
+    schedule: str | None = None,
+    block_size: int | str | None = None,
+    ssd_chunk_size: int | None = None,
+    normalize: bool | None = None,
+    add_bos_token: bool | None = None,
     max_length: int | None = None,
     default_task: str | None = None,
     base_model: str | None = None,
@@ -279,11 +301,15 @@ def convert_to_recurrent(
 
     The LM head is dropped: `AutoModel` loads the base model only. A mamba_ssm-layout Mamba2 (the
     state-spaces releases) is detected and mapped onto transformers' Mamba2. `tokenizer` (a folder or
-    Hub id) overrides the source's own tokenizer, for releases that ship none.
+    Hub id) overrides the source's own tokenizer, for releases that ship none. Options left None take
+    `RecurrentEmbedConfig`'s defaults (`RECURRENT_OPTIONS`, the one place they are written).
     """
-    from lmk_embed.configuration_recurrent import DEFAULT_TASK, RecurrentEmbedConfig, register_external_backbone
+    from lmk_embed.configuration_recurrent import (RecurrentEmbedConfig, check_recurrent_max_length,
+                                                   register_external_backbone)
     from lmk_embed.modeling_recurrent import RecurrentEmbedModel
     from lmk_embed.tokenization_recurrent import RecurrentEmbedTokenizer
+
+    check_output_folder(output_dir)
 
     mamba_ssm_folder = find_mamba_ssm_folder(source)
     if mamba_ssm_folder is not None:
@@ -300,23 +326,22 @@ def convert_to_recurrent(
         backbone = load_source_backbone(source, **({"rescale_prenorm_residual": False} if rescaled else {}))
         if rescaled:
             backbone.config.rescale_prenorm_residual = True
+    options = {"schedule": schedule, "block_size": block_size, "ssd_chunk_size": ssd_chunk_size, "normalize": normalize,
+               "add_bos_token": add_bos_token, "max_length": max_length, "default_task": default_task}
     try:
         config = RecurrentEmbedConfig(
             backbone_config=backbone_config_dict(backbone),
-            schedule=schedule,
-            block_size=block_size,
-            ssd_chunk_size=ssd_chunk_size,
-            normalize=normalize,
-            add_bos_token=add_bos_token,
-            max_length=max_length,
-            default_task=default_task or DEFAULT_TASK,
             base_model=base_model if base_model is not None else hub_id_or_none(source),
             distilled_from=distilled_from,
+            **{name: value for name, value in options.items() if value is not None},
         )
-    except ValueError as error:  # the config's check names the option
+    except (TypeError, ValueError) as error:  # the option's rule names it
         raise ConversionError(str(error)) from None
     model = RecurrentEmbedModel(config)
-    check_position_limit("max_length", max_length, model.max_positions())
+    try:
+        check_recurrent_max_length(config.max_length, config.add_bos_token, model.max_positions())
+    except ValueError as error:
+        raise ConversionError(str(error)) from None
     copy_backbone_weights(model.backbone, backbone.state_dict(), ignore_prefixes=())
     tokenizer_source = (mamba_ssm_folder or source) if tokenizer is None else tokenizer
     tokenizer = RecurrentEmbedTokenizer.from_pretrained(str(tokenizer_source), **config.tokenizer_options())

@@ -107,23 +107,18 @@ def test_bad_window_options_are_named(model):
 def test_each_check_fires_once_per_call(model, monkeypatch):
     import lmk_embed.modeling_lmk as modeling
 
-    calls = {"limit": 0, "minimum": 0}
-    limit, minimum = modeling.check_position_limit, type(model.tokenizer).check_max_length
+    calls = []
+    rule = modeling.check_lmk_max_length
 
-    def counted_limit(*args):
-        calls["limit"] += 1
-        return limit(*args)
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return rule(*args, **kwargs)
 
-    def counted_minimum(max_length):
-        calls["minimum"] += 1
-        return minimum(max_length)
-
-    monkeypatch.setattr(modeling, "check_position_limit", counted_limit)
-    monkeypatch.setattr(type(model.tokenizer), "check_max_length", staticmethod(counted_minimum))
+    monkeypatch.setattr(modeling, "check_lmk_max_length", counted)
     texts = [helpers.SAMPLE_TEXT * 40] * 3 + ["short"] * 6
     with pytest.warns(UserWarning) as caught:
         model.encode(texts, batch_size=2, max_length=64)  # five batches
-    assert calls == {"limit": 1, "minimum": 1}
+    assert len(calls) == 1 and calls[0][:2] == (64, model.max_positions())  # the budget and the position limit, once
     assert [str(w.message) for w in caught] == ["3 of 9 texts were longer than max_length=64 tokens and were truncated."]
 
 
