@@ -101,19 +101,27 @@ class Candidates:
         self.query, self.rows = query, {}
 
     def add(self, table, bm25: bool = False) -> None:
-        columns = table.to_pydict()
-        for i, row in enumerate(columns["row"]):
+        rows, ids = table["row"].to_pylist(), table["id"].to_pylist()
+        landmarks = table["landmarks"].combine_chunks()
+        bounds = landmarks.offsets.to_numpy()
+        bounds = bounds - bounds[0]  # a sliced list array keeps its parent's offsets; flatten() does not
+        flat = _unit(landmarks.flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, self.query.shape[0]))
+        similarity = flat @ self.query
+        spans = table["landmark_spans"].combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, 2)
+        documents = _unit(table["embedding"].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                          .reshape(-1, self.query.shape[0])) @ self.query
+        scores = table["_score"].to_pylist() if bm25 else None
+        for i, row in enumerate(rows):
             if row not in self.rows:
-                landmarks = _unit(np.asarray(columns["landmarks"][i], dtype=np.float32).reshape(-1, self.query.shape[0]))
-                similarity = landmarks @ self.query
-                best = int(np.argmax(similarity)) if len(similarity) else 0
+                start, stop = int(bounds[i]), int(bounds[i + 1])
+                best = start + int(np.argmax(similarity[start:stop])) if stop > start else None
                 self.rows[row] = {
-                    "id": columns["id"][i], "max_sim": float(similarity[best]) if len(similarity) else 0.0,
-                    "landmark": best, "span": tuple(columns["landmark_spans"][i][best]) if len(similarity) else (0, 0),
-                    "cosine": float(_unit(np.asarray(columns["embedding"][i], dtype=np.float32)) @ self.query),
-                    "bm25": 0.0}
+                    "id": ids[i], "max_sim": float(similarity[best]) if best is not None else 0.0,
+                    "landmark": best - start if best is not None else 0,
+                    "span": tuple(spans[best]) if best is not None else (0, 0),
+                    "cosine": float(documents[i]), "bm25": 0.0}
             if bm25:
-                self.rows[row]["bm25"] = float(columns["_score"][i])
+                self.rows[row]["bm25"] = float(scores[i])
 
     def dense(self, fuse: float) -> dict[int, float]:
         return {row: (1 - fuse) * c["max_sim"] + fuse * c["cosine"] if fuse else c["max_sim"]
