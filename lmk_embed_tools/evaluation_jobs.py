@@ -162,6 +162,15 @@ def genre_split(task: str, args: argparse.Namespace, count_tokens, pages: dict):
     return data
 
 
+def deep_task_corpus(source: str, build) -> dict:
+    """The corpus a `deep:SOURCE` task reads: `build(sources)` (`build_corpus`) over every source up to
+    SOURCE in `SOURCES` order, so the cross-source deduplication that keeps trained pages out of the
+    splits drops them from the deep task too (built from SOURCE alone, it would keep them)."""
+    from lmk_embed_tools.training.corpora import SOURCES
+
+    return build(SOURCES[:SOURCES.index(source) + 1])
+
+
 def task_jobs(args: argparse.Namespace, count_tokens) -> list:
     """(task name, max length, RetrievalData) for every --task and --max-lengths: synthetic tasks are
     generated per length, the others are one split read at every length."""
@@ -188,7 +197,8 @@ def task_jobs(args: argparse.Namespace, count_tokens) -> list:
                 raise UsageError(f"--task {task!r}: deep evidence comes from {[*OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE]}")
             if count_tokens is None:
                 raise UsageError(f"--task {task}: give --tokenizer (a folder or tokenizer.json) to count depths")
-            data = deep_evidence_split(build_corpus(args.corpus_cache, sources=(source,)), source, count_tokens,
+            corpus = deep_task_corpus(source, lambda sources: build_corpus(args.corpus_cache, sources=sources))
+            data = deep_evidence_split(corpus, source, count_tokens,
                                        max_queries=args.queries, max_documents=args.documents, seed=args.seed)
             jobs += [(data.name, length, data) for length in args.max_lengths]
             continue
