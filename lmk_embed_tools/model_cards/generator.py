@@ -18,6 +18,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from lmk_embed import lora_target_modules
+from lmk_embed.encoding import max_length_default, tokenizer_limit
 from lmk_embed.onnx_backend import FP32_FILE, ONNX_FILES, QUANTIZED_FILES, weights_fingerprint
 
 TEMPLATE = Path(__file__).resolve().parent / "template.md"
@@ -253,7 +254,19 @@ def _onnx_snippet(model_id: str, graphs: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def _details(config: dict) -> tuple[str, str, list[tuple[str, str]]]:
+def card_max_length(config: dict, tokenizer_config: dict) -> int | None:
+    """`max_length`'s default as `encode()` works it out (`max_length_default`), from the checkpoint's
+    files: `config.max_length`, else, for the LMK family, the smaller of the tokenizer's limit and the
+    backbone's positions (the extension's, else `max_position_embeddings`); None: no budget."""
+    if config.get("model_type") != "lmk_embedder":
+        return max_length_default(config.get("max_length"))
+    extension = config.get("position_extension") or {}
+    positions = extension.get("max_positions") or config["backbone_config"].get("max_position_embeddings")
+    return max_length_default(config.get("max_length"), tokenizer_limit(tokenizer_config.get("model_max_length")),
+                              positions)
+
+
+def _details(config: dict, tokenizer_config: dict) -> tuple[str, str, list[tuple[str, str]]]:
     backbone = config["backbone_config"]
     family = config["model_type"]
     dim = backbone.get("hidden_size")
@@ -275,7 +288,7 @@ def _details(config: dict) -> tuple[str, str, list[tuple[str, str]]]:
             ("Splitter", f"`{config.get('splitter')}`"),
             ("Granularity (inference)", str(config.get("granularity"))),
             ("Granularity set (variable splitter)", granularities),
-            ("Max length", str(config.get("max_length") or backbone.get("max_position_embeddings"))),
+            ("Max length", str(card_max_length(config, tokenizer_config))),
             ("Dimension", str(dim)),
             ("Normalised", str(config.get("normalize", True))),
         ]
@@ -298,7 +311,7 @@ def _details(config: dict) -> tuple[str, str, list[tuple[str, str]]]:
             *([("Distilled from", f"`{config['distilled_from']}`")] if config.get("distilled_from") else []),
             ("Schedule", f"`{config.get('schedule')}` (block size V = {config.get('block_size')})"),
             ("Query instruction", f"`{config.get('query_template', '').strip()}` (default task: {config.get('default_task')})"),
-            ("Max length", str(config.get("max_length") or "unbounded (vertical schedule)")),
+            ("Max length", str(card_max_length(config, tokenizer_config) or "unbounded (vertical schedule)")),
             ("Dimension", str(dim)),
             ("Normalised", str(config.get("normalize", True))),
         ]
@@ -385,7 +398,7 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         raise ValueError(f"{folder} is not one of our checkpoints (config.json model_type {config.get('model_type')!r}).")
     run = yaml.safe_load((folder / "run_config.yaml").read_text()) if (folder / "run_config.yaml").is_file() else {}
     results = load_json(folder / RESULTS_FILE)
-    family, summary, details = _details(config)
+    family, summary, details = _details(config, load_json(folder / "tokenizer_config.json"))
     backbone_type = config["backbone_config"]["model_type"]
     name = MODEL_ID_PLACEHOLDER if model_id is None else check_model_id(model_id)
     weights = weights_fingerprint(folder) if any(folder.glob("*.safetensors")) else None

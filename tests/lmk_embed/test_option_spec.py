@@ -86,3 +86,68 @@ def test_a_max_length_default_meets_the_rule_of_an_argument_with_bos(mamba2_chec
     with pytest.raises(ValueError, match="`max_length`=2 is too small: it must hold BOS, one token and EOS"):
         RecurrentEmbedConfig(add_bos_token=True, max_length=2)
     RecurrentEmbedConfig(add_bos_token=False, max_length=2)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_config_fields_take_the_spec_defaults_and_their_annotations_name_its_kinds(family):
+    """The default is written once, in the spec; the config's annotations stay for readers and IDEs."""
+    options, config_class, _, _, _ = FAMILIES[family]
+    for option in options:
+        assert getattr(config_class, option.name) == option.default, option.name
+        assert config_class.__annotations__[option.name].replace("list[int] | tuple[int, ...]", "list[int]") == option.kind
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_config_check_runs_every_rule_of_the_spec(family, monkeypatch):
+    from lmk_embed.encoding import Option
+
+    options, config_class, _, _, _ = FAMILIES[family]
+    checked, check = [], Option.check
+    monkeypatch.setattr(Option, "check", lambda option, value, config: checked.append(option.name) or check(option, value, config))
+    config_class()
+    assert checked == [option.name for option in options]
+
+
+@pytest.mark.parametrize(("name", "value", "error"), [
+    ("granularity", "64", TypeError), ("granularity", 0, ValueError), ("granularity", True, TypeError),
+    ("max_length", "64", TypeError), ("max_length", 2, ValueError),
+    ("splitter", "words", ValueError), ("long_input", "pages", ValueError),
+])
+def test_an_lmk_option_meets_one_rule_with_one_error_type_as_a_default_and_as_an_argument(name, value, error,
+                                                                                            minilm_lmk_checkpoint):
+    """Before, a bad granularity was a ValueError as a config default and a TypeError as an argument."""
+    with pytest.raises(error, match=f"`{name}`"):
+        LMKConfig(**{name: value})
+    model = LMKModel.from_pretrained(minilm_lmk_checkpoint)
+    with pytest.raises(error, match=f"`{name}`"):
+        model.encode("x", **{name: value})
+
+
+@pytest.mark.parametrize(("name", "value", "error"), [
+    ("schedule", "diagonal", ValueError), ("max_length", 1, ValueError), ("max_length", 2.5, TypeError),
+])
+def test_a_recurrent_option_meets_one_rule_as_a_default_and_as_an_argument(name, value, error, mamba2_checkpoint):
+    with pytest.raises(error, match=f"`{name}`"):
+        RecurrentEmbedConfig(**{name: value})
+    model = RecurrentEmbedModel.from_pretrained(mamba2_checkpoint)
+    with pytest.raises(error, match=f"`{name}`"):
+        model.encode("x", **{name: value})
+
+
+def test_an_empty_default_task_is_refused_rather_than_replaced():
+    with pytest.raises(ValueError, match="`default_task` must be a non-empty instruction"):
+        RecurrentEmbedConfig(default_task="")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_model_card_shows_the_max_length_encode_works_out(family, minilm_lmk_checkpoint, mamba2_checkpoint):
+    import json
+
+    from lmk_embed_tools.model_cards.generator import card_max_length
+
+    folder = minilm_lmk_checkpoint if family == "lmk" else mamba2_checkpoint
+    model = FAMILIES[family][2].from_pretrained(folder)
+    files = [json.loads((folder / name).read_text()) for name in ("config.json", "tokenizer_config.json")]
+    assert card_max_length(*files) == model.default_max_length()
+    files[0]["max_length"] = 300
+    assert card_max_length(*files) == 300
