@@ -108,3 +108,32 @@ def test_a_nan_row_is_reported(lmk_checkpoint):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.encode(texts[::2])
+
+
+def test_convert_refuses_an_unrelated_folder_that_is_not_empty_and_reuses_its_own(tmp_path):
+    from lmk_embed_tools.training.convert import ConversionError, convert_to_lmk
+
+    source = helpers.tiny_encoder_source(tmp_path / "bert", "bert")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.tex").write_text("mine")
+    with pytest.raises(ConversionError, match=r"`output_dir` .* is not empty \(thesis.tex\)"):
+        convert_to_lmk(source, tmp_path / "notes")
+    assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["thesis.tex"]
+    first = convert_to_lmk(source, tmp_path / "lmk", granularity=16)
+    assert convert_to_lmk(source, first, granularity=8) == first  # a conversion done again overwrites its own
+
+
+def test_a_literal_landmark_token_not_in_the_vocabulary_is_named_as_such(tmp_path, minilm_path):
+    """MiniLM has [SEP]: the error is that the literal token is missing, not that SEP is."""
+    from lmk_embed_tools.training.convert import ConversionError, convert_to_lmk
+
+    with pytest.raises(ConversionError, match=r"`lmk_landmark`='<lmk>' is not a token of the tokenizer's vocabulary") as error:
+        convert_to_lmk(str(minilm_path), tmp_path / "out", landmark_token="<lmk>")
+    assert "neither a SEP" not in str(error.value)
+
+
+def test_convert_recurrent_refuses_an_empty_default_task(tmp_path, mamba2_lm):
+    from lmk_embed_tools.training.convert import ConversionError, convert_to_recurrent
+
+    with pytest.raises(ConversionError, match="`default_task` must be a non-empty instruction"):
+        convert_to_recurrent(mamba2_lm, tmp_path / "out", default_task="")
