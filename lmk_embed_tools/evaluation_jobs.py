@@ -17,6 +17,8 @@ SYNTHETIC_TASKS = ("passkey", "needle")
 
 
 def add_evaluate_command(subparsers) -> None:
+    from lmk_embed.configuration_recurrent import SCHEDULES
+
     from lmk_embed_tools.evaluation.synthetic import DEFAULT_LENGTHS
 
     parser = subparsers.add_parser(
@@ -60,7 +62,7 @@ def add_evaluate_command(subparsers) -> None:
     parser.add_argument("--window", type=positive_int, default=None,
                         help="--windows: tokens per window (default: a SentenceTransformer's max_seq_length, "
                              "our models' original positions)")
-    parser.add_argument("--schedule", default=None, choices=("horizontal", "vertical", "auto"),
+    parser.add_argument("--schedule", default=None, choices=SCHEDULES,
                         help="recurrent models: the inference schedule (default: the checkpoint's)")
     parser.add_argument("--queries", type=positive_int, default=50, help="synthetic, deep:* and genre:* tasks: queries (per length)")
     parser.add_argument("--documents", type=positive_int, default=100, help="synthetic, deep:* and genre:* tasks: candidates (per length)")

@@ -26,8 +26,8 @@ ALLOWED_IMPORTS = {
     f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.retrieval_data", f"{TOOLS}.window_vectors"},
     f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.commandline", f"{TOOLS}.retrieval_data",
                           f"{TOOLS}.window_vectors"},
-    f"{TOOLS}.evaluation_jobs": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "commandline",
-                                                          "retrieval_data")},
+    f"{TOOLS}.evaluation_jobs": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards",
+                                                                       "commandline", "retrieval_data"))},
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards", f"{TOOLS}.onnx_export"},
     # corpus runs any checkpoint through its own code (trust_remote_code); it reads only the option spec (its flags).
     f"{TOOLS}.corpus": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.commandline"},

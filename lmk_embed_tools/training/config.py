@@ -10,7 +10,7 @@ from typing import Literal
 import yaml
 
 from lmk_embed.configuration_lmk import SPLITTERS
-from lmk_embed.configuration_recurrent import SCHEDULES
+from lmk_embed.configuration_recurrent import SCHEDULES, check_block_size
 
 # The papers' learning rates: LMK fine-tunes the whole encoder at 2e-5; the recurrent embedders
 # train QLoRA adapters at 4e-4 (Mamba2-1.3B needed 2.4e-3).
@@ -77,8 +77,9 @@ class TrainConfig:
                 "schedule `encode()` reads long texts in. The checkpoint's own inference schedule is unchanged."})
     passage_window_length: int | None = field(default=None, metadata={
         "help": "LMK, passage_long_input='windows': W while training (default: the checkpoint's)."})
-    schedule: Literal["auto", "horizontal", "vertical"] | None = field(default=None, metadata={"help": "Recurrent: schedule while training."})
-    block_size: int | None = None
+    schedule: Literal[SCHEDULES] | None = field(default=None, metadata={"help": "Recurrent: schedule while training."})
+    block_size: int | str | None = field(default=None, metadata={
+        "help": "Recurrent: V while training, a positive integer or 'auto' (default: the checkpoint's)."})
 
     learning_rate: float | None = field(default=None, metadata={"help": "Default per family: LMK 2e-5, recurrent 4e-4."})
     per_device_train_batch_size: int = 16
@@ -111,7 +112,11 @@ class TrainConfig:
             raise ValueError("`output_dir` is required.")
         positive_ints = ["query_max_length", "passage_max_length", "gradcache_mini_batch_size", "lora_r", "lora_alpha",
                          "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "save_steps"]
-        optional_ints = ["num_negatives", "eval_steps", "granularity", "block_size", "max_train_rows", "passage_window_length"]
+        optional_ints = ["num_negatives", "eval_steps", "granularity", "max_train_rows", "passage_window_length"]
+        if isinstance(self.block_size, str) and self.block_size.isdigit():  # a flag's text
+            self.block_size = int(self.block_size)
+        if self.block_size is not None:
+            check_block_size(self.block_size)  # the option's own rule: a positive integer or "auto"
         for name in positive_ints + optional_ints:
             value = getattr(self, name)
             if value is None and name not in positive_ints:

@@ -151,3 +151,13 @@ def test_the_model_card_shows_the_max_length_encode_works_out(family, minilm_lmk
     assert card_max_length(*files) == model.default_max_length()
     files[0]["max_length"] = 300
     assert card_max_length(*files) == 300
+
+
+def test_a_training_run_takes_every_block_size_the_option_takes():
+    """`TrainConfig.block_size` meets the option's rule: "auto" trains too, and a flag's text is a number."""
+    from lmk_embed_tools.training.config import TrainConfig
+
+    assert TrainConfig(model="m", output_dir="o", block_size="auto").block_size == "auto"
+    assert TrainConfig(model="m", output_dir="o", block_size="512").block_size == 512
+    with pytest.raises(ValueError, match="`block_size` must be a positive integer or 'auto'"):
+        TrainConfig(model="m", output_dir="o", block_size="big")
