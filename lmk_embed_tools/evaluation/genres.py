@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from lmk_embed_tools.retrieval_data import RetrievalData
+from lmk_embed_tools.retrieval_data import SENTENCE_SPLIT, RetrievalData, is_prose  # the one prose rule
 
 GENRES = ("readme", "book", "notes", "nodeapi", "bible")
 # A release's title is its version number, a book of the Bible's its name (Genesis, Job): no natural query.
@@ -41,11 +41,6 @@ WITHOUT_SUBJECTS = ("notes", "bible")
 GIT_NOTES_ROOT = Path("/usr/share/doc/git/RelNotes")
 NODE_API_ROOT = Path("/usr/share/doc/nodejs/api")
 MIN_PAGE_WORDS = 1200
-# A sentence worth asking about: 8-60 words, mostly letters (not code, a table or a command line).
-SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-MIN_SENTENCE_WORDS, MAX_SENTENCE_WORDS = 8, 60
-MIN_LETTERS = 0.85  # of a sentence's non-space characters
-CODE_MARKS = ("{", "}", "=", ";", "::", "->", "()", "`", "$ ", "|", "\\", "<", ">", "#", "*", "_")
 MIN_SUMMARY_WORDS = 4
 # Chapter titles that name no subject: a query "Introduction" has a right answer in every book.
 GENERIC_TITLES = {"introduction", "foreword", "preface", "summary", "conclusion", "overview", "appendix", "appendices",
@@ -468,14 +463,6 @@ def genre_pages(genre: str, *, excluded=(), reserved_dirs=(), distributions=None
 
 
 # ---- the tasks ---------------------------------------------------------------------------------------
-
-
-def is_prose(sentence: str) -> bool:
-    """8-60 words, mostly letters, ending like a sentence, with none of code's marks."""
-    letters = sum(c.isalpha() for c in sentence)
-    visible = sum(not c.isspace() for c in sentence)
-    return (MIN_SENTENCE_WORDS <= len(sentence.split()) <= MAX_SENTENCE_WORDS and sentence[0].isupper()
-            and sentence[-1] in ".!?" and letters >= MIN_LETTERS * visible and not any(m in sentence for m in CODE_MARKS))
 
 
 def second_half_sentences(text: str) -> list[tuple[int, str]]:

@@ -221,3 +221,15 @@ def test_a_planted_overlap_is_found(corpus, training):
     assert training.overlaps("planted", {"d": f"zebra {run} zebra"}, {}) != []
     assert training.overlaps("planted", {}, {"q": items[0].synopsis}) != []
     assert training.overlaps("clean", {"d": "A page that no training row holds, in words of its own."}, {"q": "zebra"}) == []
+
+
+def test_training_and_evaluation_pick_a_deep_sentence_by_one_rule():
+    """Training's deep-sentence rows and evaluation's deep tasks choose their query sentences by one rule."""
+    from lmk_embed_tools import retrieval_data
+    from lmk_embed_tools.evaluation import genres
+    from lmk_embed_tools.training import long_pages
+
+    assert long_pages.is_prose is genres.is_prose is retrieval_data.is_prose
+    assert long_pages.SENTENCE_SPLIT is genres.SENTENCE_SPLIT is retrieval_data.SENTENCE_SPLIT
+    text = "Call f(x) = y; then return it to the caller at once.\n\nThe parser reads every line of the file in order."
+    assert [s for _, s in long_pages.sentences(text)] == ["The parser reads every line of the file in order."]
