@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-soak"
 LONG_WORDS = 1100  # about 1,500 MiniLM tokens
 TOLERANCE = 1e-5
+RSS_EVERY_S = 20
 # (kind, weight); search only with --index.
 MIX = [("short", 70), ("long", 10), ("oversize_text", 4), ("too_many_inputs", 4), ("oversize_body", 4),
        ("bad_key", 8), ("search", 10)]
@@ -119,8 +120,9 @@ def check(kind: str, sent: dict, response, pools: Pools) -> str | None:
 
 
 async def drive(url: str, pools: Pools, kinds: list[str], weights: list[int], concurrency: int, duration_s: float,
-                max_requests: int, seed: int) -> dict:
-    """`concurrency` clients sending requests of `kinds` until `duration_s` or `max_requests`."""
+                max_requests: int, seed: int, replica: int | None = None) -> dict:
+    """`concurrency` clients sending requests of `kinds` until `duration_s` or `max_requests`; with
+    `replica` (its pid), its RSS every RSS_EVERY_S seconds."""
     import httpx
 
     rng = random.Random(seed)
@@ -147,15 +149,25 @@ async def drive(url: str, pools: Pools, kinds: list[str], weights: list[int], co
                 if problem:
                     problems.append(f"{kind}: {problem}")
 
+        rss = []
+
+        async def sample():
+            while True:
+                rss.append(round(rss_mb(replica)))
+                await asyncio.sleep(RSS_EVERY_S)
+
         started = time.monotonic()
+        sampler = asyncio.create_task(sample()) if replica else None
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         seconds = time.monotonic() - started
+        if sampler:
+            sampler.cancel()
     return {"seconds": seconds, "requests": sum(sum(c.values()) for c in statuses.values()),
             "latency_ms": {kind: {"p50": percentile_ms(values, 50), "p99": percentile_ms(values, 99),
                                   "count": len(values)} for kind, values in latencies.items()},
             "statuses": {kind: {str(status): count for status, count in counter.items()}
                          for kind, counter in statuses.items()},
-            "problems": problems}
+            "problems": problems, "rss_mb_samples": rss}
 
 
 def print_phase(name: str, phase: dict) -> None:
@@ -222,7 +234,7 @@ def main() -> int:
         results["rss_start_mb"] = rss_mb(replica)
         print_phase("quiet run (the served kinds alone)", quiet)
         soak = asyncio.run(drive(url, pools, kinds, weights, args.concurrency, args.duration_s, args.max_requests,
-                                 args.seed + 1))
+                                 args.seed + 1, replica))
         results["rss_end_mb"] = rss_mb(replica)
         health = httpx.get(f"{url}/health", timeout=30)
         print_phase("soak (mixed)", soak)
@@ -237,7 +249,8 @@ def main() -> int:
             print(f"{kind} refused: p50 {row['p50']:.0f} ms, p99 {row['p99']:.0f} ms")
     growth = results["rss_end_mb"] / results["rss_start_mb"] - 1
     print(f"replica RSS {results['rss_start_mb']:.0f} MB after the quiet run, {results['rss_end_mb']:.0f} MB at the "
-          f"end ({growth:+.1%}); healthy after: {results['healthy_after']}")
+          f"end ({growth:+.1%}; every {RSS_EVERY_S} s of the soak: {soak['rss_mb_samples']} MB); "
+          f"healthy after: {results['healthy_after']}")
     wrong = len(quiet["problems"]) + len(soak["problems"])
     print(f"wrong or unexpected answers: {wrong}")
     print(f"saved {save_results('serve_soak', results)}")
