@@ -94,5 +94,21 @@ def attention_implementation(model) -> str:
     return model.config._attn_implementation
 
 
+def transformers_model(model):
+    """The transformers model a SentenceTransformer's first module holds (sentence-transformers'
+    `Transformer.auto_model`), or an `UntestedVersionError` naming the version and the attribute when
+    that module holds none under that name."""
+    import sentence_transformers
+
+    check_tested(sentence_transformers, "Reading the transformers model of a SentenceTransformer")
+    try:
+        return model[0].auto_model
+    except AttributeError:
+        raise UntestedVersionError(
+            f"The first module of this SentenceTransformer ({type(model[0]).__name__}) has no `auto_model` in "
+            f"sentence-transformers {sentence_transformers.__version__}: give a model whose first module is "
+            "sentence-transformers' Transformer, or update this code.") from None
+
+
 __all__ = ["TESTED", "UntestedVersionError", "attention_implementation", "check_tested", "dataset_fingerprint",
-           "mteb_retrieval_scores", "single_writer_trainer"]
+           "mteb_retrieval_scores", "single_writer_trainer", "transformers_model"]

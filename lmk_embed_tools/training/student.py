@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from lmk_embed.compat import mamba2_parts
+from lmk_embed_tools.compat import transformers_model
 
 from .teacher_targets import add_student_teacher_embeddings, cut_to_tokens, teacher_page_vectors  # noqa: F401
 
@@ -59,7 +60,7 @@ def student_backbone_config(teacher_config, *, num_hidden_layers: int, state_siz
 def static_token_vectors(teacher, batch_size: int = 1024) -> torch.Tensor:
     """The teacher's sentence vector of each vocabulary token read alone ([CLS] token [SEP]) [vocab, D]
     float64: Model2Vec's distillation of a sentence-transformers model into static vectors."""
-    tokenizer, vocab = teacher.tokenizer, teacher[0].auto_model.config.vocab_size
+    tokenizer, vocab = teacher.tokenizer, transformers_model(teacher).config.vocab_size
     ids, vectors = torch.arange(vocab), []
     with torch.no_grad():
         for start in range(0, vocab, batch_size):
@@ -167,7 +168,7 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "static
         raise ValueError(f"The teacher's tokenizer ({teacher}) has neither an EOS nor a SEP token for the student to pool.")
     tokenizer.eos_token = eos
     teacher_model = SentenceTransformer(str(teacher), device="cpu")
-    teacher_config = teacher_model[0].auto_model.config
+    teacher_config = transformers_model(teacher_model).config
     config = student_backbone_config(teacher_config, num_hidden_layers=num_hidden_layers, state_size=state_size,
                                      head_dim=head_dim, eos_token_id=tokenizer.convert_tokens_to_ids(eos),
                                      pad_token_id=tokenizer.pad_token_id or 0)
@@ -179,7 +180,7 @@ def init_student(teacher: str | Path, folder: str | Path, *, init: str = "static
         for layer in mamba2_parts(student).layers:
             layer.mixer.out_proj.weight /= math.sqrt(num_hidden_layers)
         if init == "teacher-embeddings":
-            student.get_input_embeddings().weight.copy_(teacher_model[0].auto_model.get_input_embeddings().weight)
+            student.get_input_embeddings().weight.copy_(transformers_model(teacher_model).get_input_embeddings().weight)
     if init == "static-bag":
         weights = sif_weights(tokenizer, frequency_texts, teacher_config.vocab_size)
         static_bag_student(student, static_token_vectors(teacher_model), weights, config.eos_token_id)
