@@ -82,7 +82,7 @@ class Metrics:
 
     def tokens(self, count: int) -> None:
         self.counts["tokens"] += count
-        if self.exported:
+        if self.exported and count:  # Ray's counters take positive increments only
             self.exported["tokens"].inc(count)
 
     def rejected(self, reason: str) -> None:
@@ -111,6 +111,7 @@ class Frontend:
         self.created = int(time.time())
         self.where: dict = {}  # on a replica: its id and node, for /health
         self.behind_proxy = False  # on a replica: Ray Serve's proxy gives each request its id
+        self.logger = logger  # on a replica: Ray Serve's, which writes the replica's log file
 
     async def embed_alone(self, request: protocol.EmbeddingRequest, deadline: float):
         return (await asyncio.to_thread(self.served.embed, [request]))[0]
@@ -191,7 +192,7 @@ class Guard:
                                           f"{frontend.limits.request_timeout_s:g} s (--request-timeout-s)", status=504,
                                           type="server_error", code="timeout"))
         except Exception:
-            logger.exception("request %s failed", request_id)
+            frontend.logger.exception("request %s failed", request_id)
             if not started:
                 status = 500
                 await send_error(send, ApiError(f"internal error (request id {request_id})", status=500,
@@ -343,6 +344,7 @@ def replica_class():
             self.frontend = Frontend(ServedModel(**settings), limits, api_key_digest, embed=self.embed,
                                      metrics=Metrics(export=True))
             self.frontend.behind_proxy = True
+            self.frontend.logger = logging.getLogger("ray.serve")
             replica = serve.get_replica_context().replica_id
             self.frontend.where = {"replica": str(getattr(replica, "unique_id", replica)),
                                    "node": ray.get_runtime_context().get_node_id()}

