@@ -94,7 +94,7 @@ def check_window_holds_chunk(window_length: int, granularity: int, has_start: bo
     `cut_windows` applies it to every text it must cut, the converter to a checkpoint's defaults."""
     smallest = granularity + 1 + int(bool(has_start))
     if window_length < smallest:
-        raise ValueError(f"`{name}`={window_length} cannot hold one chunk of g={granularity} tokens with its landmark"
+        raise ValueError(f"`{name}`={window_length} must hold one chunk of g={granularity} tokens with its landmark"
                          f"{' and the start token' if has_start else ''} (at least {smallest}).")
     return window_length
 

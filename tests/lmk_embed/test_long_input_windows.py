@@ -94,7 +94,7 @@ def test_windows_read_past_the_position_table_without_truncating(model, long_tex
 
 
 def test_bad_window_options_are_named(model):
-    with pytest.raises(ValueError, match="`window_length`=20 cannot hold one chunk of g=32"):
+    with pytest.raises(ValueError, match="`window_length`=20 must hold one chunk of g=32"):
         model.encode(helpers.SAMPLE_TEXT, long_input="windows", window_length=20)  # "x" fits: it is read
     with pytest.raises(ValueError, match="`window_length`=600 exceeds the backbone's limit of 512"):
         model.encode("x", long_input="windows", window_length=600)

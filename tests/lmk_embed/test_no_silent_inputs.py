@@ -43,9 +43,9 @@ def test_a_window_that_cannot_hold_a_chunk_is_refused_for_the_texts_it_must_cut(
     """Never read as one row longer than the window (the first window once wrapped round to the
     text's end: a row of 335 tokens for W=64)."""
     long = helpers.SAMPLE_TEXT * 3
-    with pytest.raises(ValueError, match=r"`window_length`=64 cannot hold one chunk of g=100"):
+    with pytest.raises(ValueError, match=r"`window_length`=64 must hold one chunk of g=100"):
         windows_model.encode(long, window_length=64, granularity=100)
-    with pytest.raises(ValueError, match=r"`window_length`=512 cannot hold one chunk of g=1000"):
+    with pytest.raises(ValueError, match=r"`window_length`=512 must hold one chunk of g=1000"):
         windows_model.encode(helpers.SAMPLE_TEXT * 20, granularity=1000, max_length=None)
 
 
