@@ -53,3 +53,22 @@ def test_an_empty_api_key_is_refused_and_a_key_never_reaches_the_replica(lmk_che
     from lmk_embed_tools.serve.app import key_digest
 
     assert b"sk-secret" not in key_digest("sk-secret") and len(key_digest("sk-secret")) == 32
+
+
+def test_an_open_host_without_a_key_warns_once_and_a_ray_that_does_not_start_is_one_line(lmk_checkpoint, capsys,
+                                                                                         monkeypatch):
+    import ray
+
+    def refuse(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance.\nPlease specify the address.")
+
+    monkeypatch.delenv("LMK_EMBED_API_KEY", raising=False)
+    monkeypatch.setattr(ray, "init", refuse)
+    assert cli.main(["serve", str(lmk_checkpoint), "--host", "0.0.0.0", "--address", "auto"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "without an API key" in lines[0] and "0.0.0.0" in lines[0]
+    assert lines[1].startswith("lmk-embed serve: error: Ray did not start: Could not find any running Ray instance.")
+    monkeypatch.setenv("LMK_EMBED_API_KEY", "sk-x")
+    assert cli.main(["serve", str(lmk_checkpoint), "--host", "0.0.0.0", "--address", "auto"]) == 1
+    error = capsys.readouterr().err
+    assert "without an API key" not in error and "sk-x" not in error
