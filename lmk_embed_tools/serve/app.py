@@ -243,7 +243,15 @@ ROUTES = ("/v1/embeddings", "/v1/landmarks", "/v1/search", "/v1/models", "/healt
 def build_api(frontend: Frontend) -> FastAPI:
     """The FastAPI app of one replica: its routes over `frontend`, inside `Guard`."""
     api = FastAPI(title="lmk-embed", docs_url=None, redoc_url=None, openapi_url=None)
-    served, limits = frontend.served, frontend.limits
+    add_error_handlers(api, frontend)
+    add_model_routes(api, frontend)
+    add_info_routes(api, frontend)
+    api.add_middleware(Guard, frontend=frontend)
+    return api
+
+
+def add_error_handlers(api: FastAPI, frontend: Frontend) -> None:
+    """Every refusal in OpenAI's error shape, counted by its code."""
 
     @api.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
@@ -258,6 +266,11 @@ def build_api(frontend: Frontend) -> FastAPI:
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError):
         return await api_error(request, ApiError(f"invalid request: {error.errors()[:1]}", code="invalid_body"))
+
+
+def add_model_routes(api: FastAPI, frontend: Frontend) -> None:
+    """/v1/embeddings, /v1/landmarks and /v1/search: checked, counted, queued, then the model."""
+    served, limits = frontend.served, frontend.limits
 
     async def checked_embedding_request(request: Request, landmarks: bool = False):
         """A parsed, counted embedding request, admitted to the queue: (request, tokens)."""
@@ -309,6 +322,11 @@ def build_api(frontend: Frontend) -> FastAPI:
                 "data": [{"object": "search_result", "index": index, "query": query, "hits": hits}
                          for index, (query, hits) in enumerate(zip(parsed.queries, results))]}
 
+
+def add_info_routes(api: FastAPI, frontend: Frontend) -> None:
+    """/v1/models and /health."""
+    served = frontend.served
+
     @api.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": frontend.created,
@@ -320,9 +338,6 @@ def build_api(frontend: Frontend) -> FastAPI:
         """Ready: a replica answers only once its model is loaded. Names the replica, its node and process,
         so an operator (and the tests) can see where requests land."""
         return {"status": "ok", "model": served.name, **frontend.where, "pid": os.getpid(), "queued": frontend.queued}
-
-    api.add_middleware(Guard, frontend=frontend)
-    return api
 
 
 def replica_class():
