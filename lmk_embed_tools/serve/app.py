@@ -8,13 +8,15 @@ routes read the body against the byte limit while it streams in (413) and within
 (408), parse and count it (`protocol`, `ServedModel.check`), take a place in the replica's bounded
 queue (429 with `retry-after` when it is full) and only then reach the model. On a replica,
 `@serve.batch` gathers the requests that arrive within `batch_wait_ms` (at most `max_batch_size`)
-into one `ServedModel.embed` call, which hands each request back exactly its own rows; the model
-runs in a worker thread so the replica keeps answering while it computes.
+into one `ServedModel.embed` call, which hands each request back exactly its own rows. The model
+runs on the replica's one model thread, so the replica keeps answering (and counting the next
+requests, in other threads) while it computes.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (`Request`) as types.
 import asyncio
 import collections
+import concurrent.futures
 import hashlib
 import hmac
 import json
@@ -109,12 +111,18 @@ class Frontend:
         self.metrics = metrics or Metrics()
         self.queued = 0
         self.created = int(time.time())
+        self.model_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self.where: dict = {}  # on a replica: its id and node, for /health
         self.behind_proxy = False  # on a replica: Ray Serve's proxy gives each request its id
         self.logger = logger  # on a replica: Ray Serve's, which writes the replica's log file
 
     async def embed_alone(self, request: protocol.EmbeddingRequest, deadline: float):
-        return (await asyncio.to_thread(self.served.embed, [request]))[0]
+        return (await self.run_model(self.served.embed, [request]))[0]
+
+    async def run_model(self, function, *args):
+        """`function(*args)` on the replica's one model thread: model work runs one call at a time and
+        never waits for a thread behind the requests being counted (those use asyncio's default pool)."""
+        return await asyncio.get_running_loop().run_in_executor(self.model_thread, function, *args)
 
     def authorized(self, headers) -> bool:
         if self.api_key_digest is None:
@@ -298,7 +306,7 @@ def add_model_routes(api: FastAPI, frontend: Frontend) -> None:
         parsed, tokens = await checked_embedding_request(request, landmarks=True)
         frontend.queued += 1
         try:
-            output = await asyncio.to_thread(served.landmarks, parsed)
+            output = await frontend.run_model(served.landmarks, parsed)
         finally:
             frontend.queued -= 1
         frontend.metrics.tokens(tokens)
@@ -315,7 +323,7 @@ def add_model_routes(api: FastAPI, frontend: Frontend) -> None:
         parsed = protocol.parse_search(await read_json(request, limits), served.name)
         frontend.queued += 1
         try:
-            results = await asyncio.to_thread(served.search, parsed)
+            results = await frontend.run_model(served.search, parsed)
         finally:
             frontend.queued -= 1
         return {"object": "list", "model": served.name, "mode": parsed.mode,
@@ -378,7 +386,8 @@ def replica_class():
             results: list = [None] * len(items)
             if live:
                 self.frontend.metrics.batch(len(live))
-                vectors = await asyncio.to_thread(self.frontend.served.embed, [items[number][0] for number in live])
+                vectors = await self.frontend.run_model(self.frontend.served.embed,
+                                                        [items[number][0] for number in live])
                 for number, value in zip(live, vectors):
                     results[number] = value
             return results
