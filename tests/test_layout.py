@@ -35,7 +35,8 @@ ALLOWED_IMPORTS = {
     f"{TOOLS}.serve": {"lmk_embed", f"{TOOLS}.corpus", f"{TOOLS}.commandline"},
     f"{TOOLS}.cli": {f"{TOOLS}.{p}" for p in ("commandline", "training", "model_cards", "push", "evaluation_jobs", "corpus",
                                               "onnx_export", "demo", "student_demo", "serve")},
-    f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline"))},
+    f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "evaluation_jobs", "model_cards",
+                                                              "push", "commandline"))},  # the demo's tables are evaluate's rows
     f"{TOOLS}.student_demo": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline")},
     f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation", f"{TOOLS}.retrieval_data"},
     "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push",
