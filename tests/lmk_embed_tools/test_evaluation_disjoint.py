@@ -6,6 +6,7 @@ validation (`validation_split`), every `deep:*` source (`deep_task_corpus`, the 
 deduplication as the splits) and every genre the machine has installed (its pages, which hold every
 `genre:*` document and deep query, and their subjects). The training rows are the demo's: the
 (synopsis, page) rows (`docs_training_rows`) and the deep-sentence rows (`deep_sentence_rows`).
+Validation (its split and deep:systems), where settings are chosen, shares no page with a test task either.
 
 Sampled, to stay cheap: rendering every corpus source takes minutes, so each source contributes the
 modules of `SAMPLE` (rendered in this process; the cross-source deduplication runs on them as
@@ -16,6 +17,7 @@ a training synopsis asked as a query, is found.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 
@@ -91,16 +93,18 @@ def own_text(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if " ".join(words(line)) not in TEMPLATE)
 
 
-def normalised_sentences(text: str) -> set[str]:
+@functools.lru_cache(maxsize=None)  # a page is read by several checks
+def normalised_sentences(text: str) -> frozenset[str]:
     """The sentences of `text`'s own lines of `MIN_SENTENCE_WORDS` words or more, as their lower-cased words."""
-    return {" ".join(found) for piece in SENTENCE_END.split(own_text(text))
-            if len(found := words(piece)) >= MIN_SENTENCE_WORDS}
+    return frozenset(" ".join(found) for piece in SENTENCE_END.split(own_text(text))
+                     if len(found := words(piece)) >= MIN_SENTENCE_WORDS)
 
 
-def ngrams(text: str) -> set[tuple[str, ...]]:
+@functools.lru_cache(maxsize=None)
+def ngrams(text: str) -> frozenset[tuple[str, ...]]:
     """The 13-word runs of `text`'s own lines."""
     tokens = words(own_text(text))
-    return {tuple(tokens[i:i + NGRAM]) for i in range(len(tokens) - NGRAM + 1)}
+    return frozenset(tuple(tokens[i:i + NGRAM]) for i in range(len(tokens) - NGRAM + 1))
 
 
 class TrainingText:
@@ -200,16 +204,31 @@ def test_the_sample_reaches_every_kind_of_task(corpus):
     assert all(corpus[source] for source in SOURCES)
 
 
-def test_no_evaluation_task_shares_text_with_training(corpus, training):
+@pytest.fixture(scope="module")
+def tasks(corpus) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """Every evaluation task on `corpus` and every installed genre: {name: (documents, queries)}."""
     count_tokens = lambda texts: [len(words(text)) for text in texts]  # noqa: E731  (depths in words: any count will do)
-    found = []
-    for task in evaluation_tasks(corpus, count_tokens):
-        assert task.documents, task.name
-        found += training.overlaps(task.name, task.documents, task.queries)
+    found = {task.name: (task.documents, task.queries) for task in evaluation_tasks(corpus, count_tokens)}
+    assert all(documents for documents, _ in found.values()), [name for name, (documents, _) in found.items() if not documents]
     genres = genre_tasks()
     assert genres, "no genre is installed"
-    for genre, (pages, subjects) in genres.items():
-        found += training.overlaps(f"genre:{genre}", pages, subjects)
+    return found | {f"genre:{genre}": pages_and_subjects for genre, pages_and_subjects in genres.items()}
+
+
+def test_no_evaluation_task_shares_text_with_training(tasks, training):
+    found = [overlap for name, (documents, queries) in tasks.items() for overlap in training.overlaps(name, documents, queries)]
+    assert not found, "\n".join(found[:20])
+
+
+def test_validation_shares_no_page_with_a_test_task(tasks):
+    """A choice made on validation (the validation split, deep:systems) is made on pages no test task holds."""
+    tested = dict(tasks)
+    validation = {name: tested.pop(name) for name in tasks if VALIDATION_SOURCE in name}
+    assert len(validation) == 2
+    rows = [{"name": doc_id, "query": queries.get(doc_id, ""), "positive": text, "negatives": []}
+            for documents, queries in validation.values() for doc_id, text in documents.items()]
+    chosen_on = TrainingText(rows)
+    found = [overlap for name, (documents, queries) in tested.items() for overlap in chosen_on.overlaps(name, documents, queries)]
     assert not found, "\n".join(found[:20])
 
 
