@@ -1,98 +1,375 @@
-"""Which vector library holds the landmark index: FAISS (flat, HNSW) against usearch (HNSW), by build
-time, query time and recall of the top documents against exact max-sim (a direct numpy scan).
+"""The landmark index on real landmark vectors: FAISS flat in memory (the index before LanceDB)
+against LanceDB flat and LanceDB with its IVF-PQ index, side by side in one run.
 
-    python -m benchmarks.landmark_index [--documents 2000 8000] [--landmarks 50] [--queries 200]
+    python -m benchmarks.landmark_index [--encode-seconds 300] [--sizes 100000 1000000] [--queries 100]
 
-The corpus is synthetic but shaped like a landmark index: each document is a direction, and its
-landmarks are unit vectors scattered around it (dimension 384, MiniLM's); a query is a noisy copy of
-one landmark. Every index answers the same question the search answers: the top 10 documents by
-their best landmark, found by asking for landmarks until 10 distinct documents come back. Prints,
-per corpus size, each index's build and per-query time, its ratio to FAISS flat, and its recall@10.
+Real vectors: MiniLM-LMK (all-MiniLM-L6-v2 converted with g=32, windows of 256 tokens, as
+docs/long-inputs.md recommends for an index) encodes whole pydoc pages of the standard library
+and of the installed packages (never the man pages, never an evaluation task's pages) for about
+`--encode-seconds`. Queries are those modules' synopsis lines, embedded as queries.
+
+Grown to each size: document j beyond the real ones copies real document j mod R (its text and
+its landmark count), each landmark moved by Gaussian noise of the measured spread (sigma per
+dimension = the RMS distance of a real landmark from its own document's mean landmark, over sqrt(D))
+and renormalised; its document vector is the mean of its landmarks.
+
+Per size and index, each in a fresh process (so RSS is its own): build time (FAISS: loading the
+vectors and adding them; LanceDB: writing the tables and their indexes through the corpus code),
+disk size, RSS after open and peak RSS while querying, per-query latency p50/p99 alone and with 16
+concurrent queries, recall@10 of documents against exact max-sim (a numpy scan), and for LanceDB the
+hybrid (max-sim + BM25 in one query) latency over dense. Prints the table and saves
+benchmarks/results/landmark_index.json; the CPU and its flags head the output.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from lmk_embed_tools.corpus.search import first_distinct_documents
+from benchmarks.common import save_results
 
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "runs" / "landmark_index"
 TOP_K = 10
-DIM = 384
 
 
-def corpus(documents: int, landmarks: int, queries: int, seed: int = 0):
+def cpu_line() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
+    return f"{name}; {os.cpu_count()} CPUs; {' '.join(simd)}"
+
+
+# ---- real landmark vectors ----------------------------------------------------------------------
+
+def module_pages(limit_chars: int = 12_000):
+    """(name, synopsis, pydoc page) of the stdlib's public modules, then of installed packages' top
+    modules; pages cut to `limit_chars` characters (about 3,000 tokens, 100 landmarks at g=32)."""
+    import importlib
+    import pkgutil
+    import pydoc
+    import warnings
+
+    names = sorted(n for n in sys.stdlib_module_names if not n.startswith("_") and n not in ("antigravity", "this"))
+    names += sorted({m.name for m in pkgutil.iter_modules() if not m.name.startswith("_") and m.ispkg})
+    seen = set()
+    for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(name)
+            page = pydoc.render_doc(module, renderer=pydoc.plaintext)
+        except BaseException:  # a module that cannot be imported here (platform, missing extras)
+            continue
+        synopsis = pydoc.splitdoc(module.__doc__ or "")[0].strip()
+        if len(page) > 2000:
+            yield name, synopsis, page[:limit_chars]
+
+
+def real_vectors(seconds: float, queries: int, threads: int) -> dict:
+    """Encode pages for about `seconds`; cached in runs/landmark_index/real.npz."""
+    cache = WORK / "real.npz"
+    if cache.exists():
+        data = np.load(cache, allow_pickle=True)
+        return {key: data[key] for key in data.files}
+    import torch
+
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from tests.helpers import minilm_path
+
+    torch.set_num_threads(threads)
+    folder = WORK / "minilm-lmk"
+    if not folder.exists():
+        convert_to_lmk(minilm_path(), folder, granularity=32, long_input="windows", window_length=256)
+    from lmk_embed import LMKModel
+
+    model = LMKModel.from_pretrained(folder).eval()
+    texts, synopses, landmarks, spans = [], [], [], []
+    started = encode_seconds = time.perf_counter()
+    for name, synopsis, page in module_pages():
+        if synopsis and len(synopsis.split()) >= 3:  # every module's synopsis is a query, encoded or not
+            synopses.append(synopsis)
+        if time.perf_counter() - started > seconds:
+            if len(synopses) >= queries:
+                break
+            continue
+        item = model.encode([page], output_value="landmarks", show_progress_bar=False)[0]
+        texts.append(page)
+        landmarks.append(np.asarray(item["embeddings"], dtype=np.float32))
+        spans.append(np.asarray(item["spans"], dtype=np.int64))
+        encode_seconds = time.perf_counter() - started
+    asked = synopses[:: max(1, len(synopses) // queries)][:queries]
+    query_vectors = np.asarray(model.encode_query(asked, show_progress_bar=False), dtype=np.float32)
+    counts = np.array([len(v) for v in landmarks])
+    data = {"landmarks": np.concatenate(landmarks), "counts": counts, "spans": np.concatenate(spans),
+            "texts": np.array(texts, dtype=object), "queries": query_vectors, "query_texts": np.array(asked, dtype=object),
+            "encode_seconds": np.array(encode_seconds)}
+    WORK.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, **data)
+    return data
+
+
+def spread(landmarks: np.ndarray, counts: np.ndarray) -> float:
+    """Per-dimension sigma: the RMS distance of a landmark from its document's mean landmark, / sqrt(D)."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    means = np.add.reduceat(landmarks, starts, axis=0) / counts[:, None]
+    deviations = landmarks - np.repeat(means, counts, axis=0)
+    return float(np.sqrt((deviations ** 2).sum(1).mean() / landmarks.shape[1]))
+
+
+def grown(real: dict, size: int, sigma: float, seed: int = 0):
+    """(landmarks [>= size, D], counts, spans, template of each document): real documents, then
+    noisy copies of them, until `size` landmarks."""
     rng = np.random.default_rng(seed)
-    centers = rng.standard_normal((documents, DIM)).astype(np.float32)
-    vectors = np.repeat(centers, landmarks, axis=0) + 1.2 * rng.standard_normal((documents * landmarks, DIM)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    owner = np.repeat(np.arange(documents), landmarks)
-    picked = rng.integers(0, len(vectors), queries)
-    query = vectors[picked] + 0.05 * rng.standard_normal((queries, DIM)).astype(np.float32)
-    query /= np.linalg.norm(query, axis=1, keepdims=True)
-    return vectors, owner, query
+    counts, starts = real["counts"], np.concatenate([[0], np.cumsum(real["counts"])[:-1]])
+    blocks, kept, templates, total, j = [], [], [], 0, 0
+    while total < size:
+        t = j % len(counts)
+        block = real["landmarks"][starts[t] : starts[t] + counts[t]]
+        if j >= len(counts):
+            block = block + sigma * rng.standard_normal(block.shape).astype(np.float32)
+            block /= np.linalg.norm(block, axis=1, keepdims=True)
+        blocks.append(block.astype(np.float32))
+        kept.append(counts[t])
+        templates.append(t)
+        total += counts[t]
+        j += 1
+    return np.concatenate(blocks), np.array(kept), np.array(templates)
 
 
-def build_faiss_flat(vectors):
+def exact_top(queries: np.ndarray, landmarks: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[Q, TOP_K] documents by exact max-sim (a numpy scan in chunks of whole documents)."""
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    best = np.full((len(queries), len(counts)), -np.inf, dtype=np.float32)
+    step = max(1, len(counts) // 20)
+    for first in range(0, len(counts), step):
+        last = min(first + step, len(counts))
+        block = queries @ landmarks[starts[first] : starts[last]].T
+        best[:, first:last] = np.maximum.reduceat(block, starts[first:last] - starts[first], axis=1)
+    return np.argsort(-best, axis=1)[:, :TOP_K]
+
+
+# ---- building -----------------------------------------------------------------------------------
+
+def write_lancedb(folder: Path, landmarks, counts, templates, real, vector_index: str | None) -> float:
+    """The corpus code's tables (`corpus.table`), written in groups of 2,000 documents; the build time."""
+    import pyarrow as pa
+
+    from lmk_embed_tools.corpus import table
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    started = time.perf_counter()
+    record = {"format": table.FORMAT, "model": {"source": "benchmark"}, "settings": {"model": {}},
+              "input": {"rows": len(counts)}, "dimension": int(landmarks.shape[1]), "hybrid_weight": 0.5,
+              "complete": False}
+    table.create(folder, record, landmarks.shape[1], "float32", pa.string())
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    real_starts = np.concatenate([[0], np.cumsum(real["counts"])])
+    group = 2000
+    for first in range(0, len(counts), group):
+        last = min(first + group, len(counts))
+        items = [{"embeddings": landmarks[bounds[d] : bounds[d + 1]],
+                  "spans": real["spans"][real_starts[templates[d]] : real_starts[templates[d] + 1]]}
+                 for d in range(first, last)]
+        documents = np.stack([item["embeddings"].mean(0) for item in items])
+        documents /= np.linalg.norm(documents, axis=1, keepdims=True)
+        rows = table.shard_rows({"index": first // group, "start": first, "stop": last},
+                                [f"d{d}" for d in range(first, last)], [str(real["texts"][templates[d]]) for d in range(first, last)],
+                                documents, items, "float32", pa.string())
+        table.write_shard(folder, {"index": first // group}, rows, {"truncated": 0, "empty": 0, "tokens": 0})
+    table.finish(folder, record, flat_limit=0 if vector_index else float("inf"), index_type=vector_index)
+    return time.perf_counter() - started
+
+
+def disk_mb(path: Path) -> float:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 2**20
+
+
+# ---- querying, in a fresh process ---------------------------------------------------------------
+
+def faiss_searcher(folder: Path):
     import faiss
 
-    index = faiss.IndexFlatIP(DIM)
+    vectors = np.load(folder / "landmarks.npy")
+    counts = np.load(folder / "counts.npy")
+    owner = np.repeat(np.arange(len(counts)), counts)
+    index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
-    return lambda q, k: tuple(row[0] for row in index.search(q[None], k))
+    del vectors
 
-
-def build_faiss_hnsw(vectors):
-    import faiss
-
-    index = faiss.IndexHNSWFlat(DIM, 32, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = 80
-    index.add(vectors)
-    index.hnsw.efSearch = 128
-    return lambda q, k: tuple(row[0] for row in index.search(q[None], k))
-
-
-def build_usearch(vectors):
-    from usearch.index import Index
-
-    index = Index(ndim=DIM, metric="ip", dtype="f32", connectivity=32, expansion_add=80, expansion_search=128)
-    index.add(np.arange(len(vectors)), vectors)
-    def search(q, k):
-        found = index.search(q, k)
-        return -found.distances, found.keys.astype(np.int64)  # ip distance: 1 - inner product
+    def search(query, text=None, hybrid=False):
+        asked = 64
+        while True:  # landmarks best first; a document's first landmark is its best: grow until 10 documents
+            _, found = index.search(query[None], min(asked, index.ntotal))
+            documents = list(dict.fromkeys(owner[found[0][found[0] >= 0]].tolist()))
+            if len(documents) >= TOP_K or asked >= index.ntotal:
+                return documents[:TOP_K]
+            asked *= 4
 
     return search
 
 
+def lancedb_searcher(folder: Path, nprobes: int | None = None):
+    from lmk_embed_tools.corpus.search import LandmarkIndex
+
+    index = LandmarkIndex.from_corpus(folder)
+    if nprobes and index.vector_index:
+        index.vector_index = {**index.vector_index, "nprobes": nprobes}
+
+    def search(query, text=None, hybrid=False):
+        hits = index.search(query[None], top_k=TOP_K, mode="hybrid" if hybrid else "dense", texts=[text])[0]
+        return [int(hit.row) for hit in hits]
+
+    return search
+
+
+def timed(search, queries, texts, hybrid=False, workers=1):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        started = time.perf_counter()
+        answer = search(queries[i], texts[i], hybrid)
+        return answer, time.perf_counter() - started
+
+    if workers == 1:
+        results = [one(i) for i in range(len(queries))]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(one, range(len(queries))))
+    latencies = np.array([seconds for _, seconds in results]) * 1e3
+    return [answer for answer, _ in results], {"p50_ms": float(np.percentile(latencies, 50)),
+                                                "p99_ms": float(np.percentile(latencies, 99))}
+
+
+def probe(system: str, folder: Path, queries_file: Path, nprobes: int | None) -> dict:
+    from benchmarks.common import peak_rss_mb, reset_peak_rss, rss_mb
+
+    data = np.load(queries_file, allow_pickle=True)
+    queries, texts = data["queries"], [str(t) for t in data["query_texts"]]
+    if system == "faiss flat":  # imports are not the open's cost
+        import faiss  # noqa: F401
+    else:
+        import lmk_embed_tools.corpus.search  # noqa: F401
+    before = rss_mb()
+    started = time.perf_counter()
+    search = faiss_searcher(folder) if system == "faiss flat" else lancedb_searcher(folder, nprobes)
+    result = {"open_s": time.perf_counter() - started, "rss_open_mb": rss_mb(), "rss_open_rise_mb": rss_mb() - before}
+    reset_peak_rss()
+    search(queries[0], texts[0])  # warm
+    answers, result["single"] = timed(search, queries, texts)
+    _, result["concurrent16"] = timed(search, queries, texts, workers=16)
+    if system != "faiss flat":
+        search(queries[0], texts[0], True)
+        _, result["hybrid"] = timed(search, queries, texts, hybrid=True)
+    result["rss_peak_mb"] = peak_rss_mb()
+    result["answers"] = answers
+    return result
+
+
+def run_probe(system: str, folder: Path, queries_file: Path, threads: int, nprobes: int | None = None) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "benchmarks.landmark_index", "--probe", system, str(folder), str(queries_file),
+               str(nprobes or 0)]
+    output = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    if output.returncode:
+        raise RuntimeError(f"{system} probe failed: {output.stderr[-2000:]}")
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+def measure_size(size: int, real: dict, sigma: float, args) -> dict:
+    landmarks, counts, templates = grown(real, size, sigma)
+    truth = exact_top(real["queries"][: args.probe_queries], landmarks, counts)
+    folder = WORK / f"n{size}"
+    faiss_folder = folder / "faiss"
+    faiss_folder.mkdir(parents=True, exist_ok=True)
+    np.save(faiss_folder / "landmarks.npy", landmarks)
+    np.save(faiss_folder / "counts.npy", counts)
+    queries_file = folder / "queries.npz"
+    np.savez(queries_file, queries=real["queries"][: args.probe_queries],
+             query_texts=real["query_texts"][: args.probe_queries])
+    systems = {"faiss flat": faiss_folder, "lancedb flat": folder / "flat", "lancedb indexed": folder / "indexed"}
+    builds = {}
+    if size <= args.lancedb_flat_max:  # its scan grows linearly (670 ms a query at 100k here): left out above
+        builds["lancedb flat"] = write_lancedb(folder / "flat", landmarks, counts, templates, real, None)
+    else:
+        systems.pop("lancedb flat")
+    builds["lancedb indexed"] = write_lancedb(folder / "indexed", landmarks, counts, templates, real, args.index_type)
+    del landmarks
+    rows = {}
+    for system, path in systems.items():
+        result = run_probe(system, path, queries_file, args.threads)
+        result["build_s"] = result["open_s"] if system == "faiss flat" else builds[system]
+        result["disk_mb"] = disk_mb(path)
+        result["recall@10"] = float(np.mean([len(set(a) & set(t.tolist())) / TOP_K
+                                             for a, t in zip(result.pop("answers"), truth)]))
+        rows[system] = result
+        print(f"  {size:>10,} {system:<15} build {result['build_s']:7.1f} s  disk {result['disk_mb']:8.0f} MB  "
+              f"open {result['open_s']:6.2f} s  RSS open {result['rss_open_mb']:6.0f} MB  peak {result['rss_peak_mb']:6.0f} MB  "
+              f"p50/p99 {result['single']['p50_ms']:7.1f}/{result['single']['p99_ms']:7.1f} ms  "
+              f"16 conc. {result['concurrent16']['p50_ms']:7.1f}/{result['concurrent16']['p99_ms']:7.1f} ms  "
+              f"recall@10 {result['recall@10']:.3f}"
+              + (f"  hybrid p50 {result['hybrid']['p50_ms']:.1f} ms ({result['hybrid']['p50_ms'] / result['single']['p50_ms']:.2f}x dense)"
+                 if "hybrid" in result else ""), flush=True)
+    if args.nprobes:
+        for nprobes in args.nprobes:
+            result = run_probe("lancedb indexed", folder / "indexed", queries_file, args.threads, nprobes)
+            recall = float(np.mean([len(set(a) & set(t.tolist())) / TOP_K for a, t in zip(result.pop("answers"), truth)]))
+            rows[f"lancedb indexed nprobes={nprobes}"] = {**result, "recall@10": recall}
+            print(f"  {size:>10,} indexed nprobes={nprobes:<4} p50/p99 {result['single']['p50_ms']:7.1f}/"
+                  f"{result['single']['p99_ms']:7.1f} ms  recall@10 {recall:.3f}", flush=True)
+    flat = rows["faiss flat"]["single"]["p50_ms"]
+    for system in [name for name in rows if name.startswith("lancedb")]:
+        print(f"  ratio: {system} / faiss flat, p50 {rows[system]['single']['p50_ms'] / flat:.3f}x", flush=True)
+    if not args.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"documents": int(len(counts)), "landmarks": int(counts.sum()), "systems": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--documents", type=int, nargs="+", default=[2000, 8000])
-    parser.add_argument("--landmarks", type=int, default=50, help="landmarks per document")
-    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--encode-seconds", type=float, default=300)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--index-type", default="IVF_SQ", choices=["IVF_PQ", "IVF_SQ", "IVF_FLAT"])
+    parser.add_argument("--nprobes", type=int, nargs="*", default=[], help="also query the index with these nprobes")
+    parser.add_argument("--lancedb-flat-max", type=int, default=200_000,
+                        help="largest size at which LanceDB flat runs (its scan is linear in the size)")
+    parser.add_argument("--probe-queries", type=int, default=100, help="queries each probe times")
+    parser.add_argument("--keep", action="store_true", help="keep the tables under runs/landmark_index")
+    parser.add_argument("--probe", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    builders = {"faiss flat": build_faiss_flat, "faiss hnsw": build_faiss_hnsw, "usearch hnsw": build_usearch}
-    for documents in args.documents:
-        vectors, owner, queries = corpus(documents, args.landmarks, args.queries)
-        starts = np.arange(0, len(vectors), args.landmarks)
-        exact = np.maximum.reduceat(queries @ vectors.T, starts, axis=1)
-        truth = [set(np.argsort(-row)[:TOP_K].tolist()) for row in exact]
-        print(f"{documents} documents, {len(vectors)} landmarks, {args.queries} queries, top {TOP_K} documents:")
-        rows = {}
-        for name, build in builders.items():
-            started = time.perf_counter()
-            search = build(vectors)
-            built = time.perf_counter() - started
-            started = time.perf_counter()
-            answers = [list(first_distinct_documents(lambda k, q=query: search(q, k), owner, TOP_K, len(vectors)))
-                       for query in queries]
-            per_query = (time.perf_counter() - started) / len(queries)
-            recall = float(np.mean([len(truth[i] & set(a)) / TOP_K for i, a in enumerate(answers)]))
-            rows[name] = (built, per_query, recall)
-        flat = rows["faiss flat"]
-        for name, (built, per_query, recall) in rows.items():
-            print(f"  {name:<13} build {built:7.2f}s ({built / flat[0]:6.1f}x flat)  query {per_query * 1e3:7.2f} ms "
-                  f"({per_query / flat[1]:5.2f}x flat)  recall@{TOP_K} {recall:.3f}", flush=True)
+    if args.probe:
+        system, folder, queries, nprobes = args.probe
+        print(json.dumps(probe(system, Path(folder), Path(queries), int(nprobes) or None)))
+        return
+    print(cpu_line(), flush=True)
+    real = real_vectors(args.encode_seconds, args.queries, args.threads)
+    sigma = spread(real["landmarks"], real["counts"])
+    print(f"real: {len(real['counts'])} pages, {len(real['landmarks']):,} landmarks ({real['landmarks'].shape[1]}-dim, "
+          f"{real['counts'].mean():.0f} a page), encoded in {float(real['encode_seconds']):.0f} s; "
+          f"{len(real['queries'])} queries; noise sigma {sigma:.4f} a dimension", flush=True)
+    results = {"cpu": cpu_line(), "real_pages": int(len(real["counts"])), "real_landmarks": int(len(real["landmarks"])),
+               "sigma": sigma, "sizes": {}}
+    for size in args.sizes:
+        results["sizes"][str(size)] = measure_size(size, real, sigma, args)
+        save_results("landmark_index", results)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,11 @@ import numpy as np
 FORMAT = "lmk-embed-landmarks/2"
 DOCUMENTS, SHARDS, RECORD = "documents", "shards", "record"
 DEFAULT_HYBRID_WEIGHT = 0.5  # BM25's share in min-max fusion (the evaluation's default)
-# Landmark vectors below which search scans them all (exact); at and above, a vector index.
-FLAT_LIMIT = 1_000_000
+# Landmark vectors below which search scans them all (exact); at and above, a vector index. LanceDB's
+# multivector flat scan took 670 ms a query at 100k landmarks against 10-12 ms through IVF_SQ with
+# recall@10 0.99-1.0 (benchmarks/landmark_index.py): the scan is kept for small indexes only.
+FLAT_LIMIT = 50_000
+VECTOR_INDEX = "IVF_SQ"
 
 
 def require_lancedb():
@@ -152,9 +155,9 @@ def write_shard(folder, shard: dict, rows, counts: dict) -> dict:
     return {"index": shard["index"], "rows": rows.num_rows, **counts}
 
 
-def finish(folder, record: dict, flat_limit: int = FLAT_LIMIT) -> dict:
-    """Index a complete `documents` table (full text; landmarks when there are `flat_limit` or more),
-    then record its version: the record becomes complete."""
+def finish(folder, record: dict, flat_limit: float = FLAT_LIMIT, index_type: str | None = None) -> dict:
+    """Index a complete `documents` table (full text; landmarks when there are `flat_limit` or more,
+    with `index_type`, default `VECTOR_INDEX`), then record its version: the record becomes complete."""
     from lancedb.index import FTS
 
     documents = connect(folder).open_table(DOCUMENTS)
@@ -164,8 +167,8 @@ def finish(folder, record: dict, flat_limit: int = FLAT_LIMIT) -> dict:
         documents.create_index("text", config=FTS(with_position=False), replace=True)
         documents.create_scalar_index("row", replace=True)
     record["vector_index"] = None
-    if landmarks >= flat_limit:
-        record["vector_index"] = build_vector_index(documents, landmarks)
+    if landmarks and landmarks >= flat_limit:
+        record["vector_index"] = build_vector_index(documents, landmarks, index_type or VECTOR_INDEX)
     record.update(complete=True, rows=rows, landmarks=landmarks, version=documents.version)
     write_record(folder, record)
     return record
@@ -180,16 +183,21 @@ def landmark_count(documents) -> int:
     return total
 
 
-def build_vector_index(documents, landmarks: int) -> dict:
-    """An IVF-PQ index over the landmark vectors (cosine, as max-sim scores them): about 4,096
-    vectors a partition; searched with `nprobes` partitions and exact re-ranking (`refine_factor`)."""
+def build_vector_index(documents, landmarks: int, index_type: str) -> dict:
+    """A vector index over the landmark vectors (cosine, as max-sim scores them), about 4,096
+    vectors a partition; searched with `nprobes` partitions, candidates re-ranked exactly
+    (`refine_factor`; and every returned document is scored again from its own landmarks)."""
+    from lancedb import index as kinds
+
     partitions = max(1, int(landmarks // 4096))
     dimension = documents.schema.field("embedding").type.list_size
-    sub_vectors = next(n for n in (dimension // 8, dimension // 4, dimension // 2, dimension) if dimension % n == 0)
-    documents.create_index(metric="cosine", vector_column_name="landmarks", index_type="IVF_PQ",
-                           num_partitions=partitions, num_sub_vectors=sub_vectors)
-    return {"type": "IVF_PQ", "num_partitions": partitions, "num_sub_vectors": sub_vectors,
-            "nprobes": max(8, partitions // 16), "refine_factor": 4}
+    options = {"distance_type": "cosine", "num_partitions": partitions}
+    if index_type == "IVF_PQ":
+        options["num_sub_vectors"] = next(n for n in (dimension // 8, dimension // 4, dimension) if dimension % n == 0)
+    config = {"IVF_PQ": kinds.IvfPq, "IVF_SQ": kinds.IvfSq, "IVF_FLAT": kinds.IvfFlat}[index_type](**options)
+    documents.create_index("landmarks", config=config)
+    return {"type": index_type, **{k: v for k, v in options.items() if k != "distance_type"},
+            "nprobes": max(64, partitions // 8), "refine_factor": 4}
 
 
 __all__ = ["DEFAULT_HYBRID_WEIGHT", "FLAT_LIMIT", "FORMAT", "connect", "create", "finish", "finished_shards",

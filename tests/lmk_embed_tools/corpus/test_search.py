@@ -108,6 +108,22 @@ def test_hybrid_equals_the_evaluations_fusion(minilm_corpus, fusion, weight):
         np.testing.assert_allclose([hit.score for hit in hits], np.sort(row)[::-1][:5], atol=1e-5)
 
 
+def test_a_vector_index_gives_the_flat_answers_on_a_small_index(minilm_corpus, tmp_path):
+    """Above FLAT_LIMIT the landmarks get an IVF index; every returned document is scored again from
+    its own landmarks, so with every partition probed the answers are the flat scan's."""
+    flat, model = minilm_corpus
+    copy = shutil.copytree(flat.folder, tmp_path / "indexed")
+    record = index_table.finish(copy, index_table.read_record(copy), flat_limit=1)
+    assert record["vector_index"]["type"] == index_table.VECTOR_INDEX
+    indexed = LandmarkIndex.from_corpus(copy)
+    queries = model.encode_query(QUERIES)
+    for mode in ("dense", "hybrid"):
+        expected = flat.search(queries, top_k=5, mode=mode, texts=QUERIES)
+        got = indexed.search(queries, top_k=5, mode=mode, texts=QUERIES)
+        assert [[(h.row, h.landmark) for h in q] for q in got] == [[(h.row, h.landmark) for h in q] for q in expected]
+        np.testing.assert_allclose([h.score for q in got for h in q], [h.score for q in expected for h in q], atol=1e-6)
+
+
 def test_lexical_search_is_bm25_over_the_stored_text(corpus, pages):
     import re
 
