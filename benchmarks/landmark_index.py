@@ -263,6 +263,8 @@ def probe(system: str, folder: Path, queries_file: Path, nprobes: int | None) ->
     if system == "faiss flat":  # imports are not the open's cost
         import faiss  # noqa: F401
     else:
+        import lancedb  # noqa: F401  (the corpus code imports it lazily, at the first open)
+
         import lmk_embed_tools.corpus.search  # noqa: F401
     before = rss_mb()
     started = time.perf_counter()
