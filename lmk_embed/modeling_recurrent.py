@@ -186,8 +186,9 @@ class StateCarrier:
     """
 
     @staticmethod
-    def check_backbone(backbone) -> None:
-        """At load: refuse a backbone this family's block step cannot run. Nothing to refuse by default."""
+    def check_backbone(parts) -> None:
+        """At load: refuse a backbone this family's block step cannot run, from its adapter's `parts` (read
+        once at load; None for a backbone without an adapter). Nothing to refuse by default."""
 
     @staticmethod
     def gpu_chunk_size(parts) -> int:
@@ -269,8 +270,8 @@ class Rwkv7Carrier(StateCarrier):
     """RWKV-7 (fla's model) through the plain-torch path of `modeling_rwkv7`, state `Rwkv7State`."""
 
     @staticmethod
-    def check_backbone(backbone):
-        check_rwkv7_backbone(backbone)
+    def check_backbone(parts):
+        check_rwkv7_backbone(parts)
 
     @staticmethod
     def block_step(model, input_ids, state: Rwkv7State | None):
@@ -366,7 +367,7 @@ class RecurrentEmbedModel(EncoderMixin, RecurrentEmbedPreTrainedModel):
         self.backbone = AutoModel.from_config(config.backbone_config)
         parts = check_backbone_internals(config.backbone_config.model_type, self.backbone)  # once per load, named
         carrier = self.state_carrier if self.state_carrier is not None else StateCarrier
-        carrier.check_backbone(self.backbone)
+        carrier.check_backbone(parts)
         self._gpu_chunk_size = carrier.gpu_chunk_size(parts)
         self._tokenizer = None
         self.post_init()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .compat import NormParts, Rwkv7AttentionParts, Rwkv7FeedForwardParts, rwkv7_parts
+from .compat import NormParts, Rwkv7AttentionParts, Rwkv7FeedForwardParts, Rwkv7Parts, rwkv7_parts
 
 # RWKV-7's decay bound: w = -exp(-0.5) * sigmoid(.), so exp(w) lies in (0.545, 1).
 DECAY_SCALE = -0.6065306597126334
@@ -147,10 +147,9 @@ def rwkv7_block_step(backbone, input_ids, state: Rwkv7State | None):
     return _layer_norm(backbone.norm, hidden), Rwkv7State(new_states)
 
 
-def check_rwkv7_backbone(backbone) -> None:
-    """Refuse what this path does not run: hybrid layers (standard attention) and other activations
-    (read from fla's config through `compat.rwkv7_parts`)."""
-    parts = rwkv7_parts(backbone)
+def check_rwkv7_backbone(parts: Rwkv7Parts) -> None:
+    """Refuse what this path does not run: hybrid layers (standard attention) and other activations, as
+    `compat.rwkv7_parts` read them from fla's config at load."""
     if parts.attn:
         raise ValueError(
             "This RWKV-7 checkpoint mixes in standard attention layers (`attn` in its config); the plain-torch "
