@@ -181,35 +181,43 @@ class LandmarkIndex:
                 candidates.add(table)
             return candidates.hits(candidates.dense(fuse), top_k)
         if mode == "lexical":
-            candidates.add(self._read(self._lexical(text, top_k)), bm25=True)
+            candidates.add(self._read(self._lexical(text, top_k, _SCORE)), bm25=True)
             return candidates.hits({row: c["bm25"] for row, c in candidates.rows.items()}, top_k)
         depth = max(top_k, FUSION_DEPTH)
         with ThreadPoolExecutor(max_workers=2) as pool:  # both legs at once, as LanceDB's hybrid query runs them
             lexical = pool.submit(lambda: self._read(self._lexical(text, depth)))
-            for table in self._dense_legs(query, depth, fuse):
+            for table in self._dense_legs(query, depth, fuse, refine=False):  # every candidate is re-scored here
                 candidates.add(table)
-            candidates.add(lexical.result(), bm25=True)
+            lexical = lexical.result()
+        missing = [row for row in lexical["row"].to_pylist() if row not in candidates.rows]
+        if missing:  # BM25's candidates the dense leg did not return: their vectors, by `row` (indexed)
+            candidates.add(self._read(self.documents.search().where(f"row IN ({', '.join(map(str, missing))})")
+                                      .select(_CANDIDATE_COLUMNS).limit(len(missing))))
+        for row, score in zip(lexical["row"].to_pylist(), lexical["_score"].to_pylist()):
+            candidates.rows[row]["bm25"] = float(score)
         rows = list(candidates.rows)
-        dense = np.array([[candidates.dense(fuse)[row] for row in rows]])
-        sparse = np.array([[candidates.rows[row]["bm25"] for row in rows]])
-        fused = fuse_scores(dense, sparse, fusion, weight)[0]
+        dense = candidates.dense(fuse)
+        fused = fuse_scores(np.array([[dense[row] for row in rows]]),
+                            np.array([[candidates.rows[row]["bm25"] for row in rows]]), fusion, weight)[0]
         return candidates.hits(dict(zip(rows, fused.tolist())), top_k)
 
-    def _dense_legs(self, query: np.ndarray, depth: int, fuse: float):
-        legs = [self._landmark_query(query, depth)]
+    def _dense_legs(self, query: np.ndarray, depth: int, fuse: float, refine: bool = True):
+        legs = [self._landmark_query(query, depth, refine)]
         if fuse:
             legs.append(self.documents.search(query, vector_column_name="embedding").distance_type("cosine")
                         .limit(depth).select(_DISTANCE))
         return [self._read(leg) for leg in legs]
 
-    def _landmark_query(self, query: np.ndarray, depth: int):
+    def _landmark_query(self, query: np.ndarray, depth: int, refine: bool = True):
         builder = self.documents.search(query, vector_column_name="landmarks").distance_type("cosine").limit(depth)
         if self.vector_index:
-            builder = builder.nprobes(self.vector_index["nprobes"]).refine_factor(self.vector_index["refine_factor"])
+            builder = builder.nprobes(self.vector_index["nprobes"])
+            if refine:  # the exact order of the top `depth`; a hybrid's 50 candidates are all re-scored anyway
+                builder = builder.refine_factor(self.vector_index["refine_factor"])
         return builder.select(_DISTANCE)
 
-    def _lexical(self, text: str, depth: int):
-        return self.documents.search(text, query_type="fts", fts_columns="text").limit(depth).select(_SCORE)
+    def _lexical(self, text: str, depth: int, columns=("row", "_score")):
+        return self.documents.search(text, query_type="fts", fts_columns="text").limit(depth).select(list(columns))
 
     def _read(self, builder):
         try:
