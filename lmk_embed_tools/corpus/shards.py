@@ -1,4 +1,5 @@
-"""OUTPUT_DIR: parquet shards `part-00000.parquet`, ... and `manifest.json`.
+"""OUTPUT_DIR of document vectors: parquet shards `part-00000.parquet`, ... and `manifest.json`
+(the landmark index's shards of the earlier format are read by `verify` for `index convert`).
 
 A shard is written under a temporary name and renamed when complete, so a file with a shard's
 name is always whole. The manifest records the settings the shards were made with; a rerun with
@@ -46,29 +47,13 @@ def _vectors(array: np.ndarray, dtype: str):
     return pa.FixedSizeListArray.from_arrays(pa.array(array.reshape(-1)), array.shape[1])
 
 
-def shard_table(ids: list, embeddings: np.ndarray, dtype: str, landmarks: list[dict] | None = None):
-    """The arrow table of one shard.
-
-    ids: n ids (str or int); embeddings: float32 [n, D]; landmarks (output_value="landmarks"):
-    per row {"embeddings": [n_i, D], "spans": [(start, end), ...], "text": str}, the first two from
-    `encode(output_value="landmarks")`, the text the spans index.
-    Columns: id, embedding fixed_size_list<dtype>[D], and for landmarks
-    landmarks list<fixed_size_list<dtype>[D]>, landmark_spans list<fixed_size_list<int64>[2]> and
-    text large_string (the index is a record: search shows passages without reading INPUT).
-    """
+def shard_table(ids: list, embeddings: np.ndarray, dtype: str):
+    """The arrow table of one shard of document vectors: ids (str or int) and embeddings float32
+    [n, D] -> columns id and embedding fixed_size_list<dtype>[D]. (A landmark index is LanceDB
+    tables: `table`.)"""
     import pyarrow as pa
 
-    columns = {"id": pa.array(ids), "embedding": _vectors(embeddings, dtype)}
-    if landmarks is not None:
-        counts = np.array([len(item["spans"]) for item in landmarks], dtype=np.int32)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
-        dim = embeddings.shape[1]
-        vectors = np.concatenate([np.asarray(item["embeddings"]).reshape(-1, dim) for item in landmarks])
-        spans = np.array([span for item in landmarks for span in item["spans"]], dtype=np.int64).reshape(-1, 2)
-        columns["landmarks"] = pa.ListArray.from_arrays(offsets, _vectors(vectors, dtype))
-        columns["landmark_spans"] = pa.ListArray.from_arrays(offsets, _vectors(spans, "int64"))
-        columns["text"] = pa.array([item["text"] for item in landmarks], pa.large_string())
-    return pa.table(columns)
+    return pa.table({"id": pa.array(ids), "embedding": _vectors(embeddings, dtype)})
 
 
 def write_shard(output_dir, index: int, table, counts: dict) -> dict:
