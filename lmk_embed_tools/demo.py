@@ -8,11 +8,15 @@
    recipe asks for them; the chosen recipe uses in-batch negatives only), and embed every text of
    every row with the untouched base model (all-MiniLM-L6-v2, mean pooling): its vectors are distilled.
 3. Fine-tune MiniLM twice with the same recipe (`training.recipe.RECIPE`), side by side: landmark
-   (LMK) pooling with variable granularity, and CLS pooling.
+   (LMK) pooling with variable granularity, and CLS pooling. The LMK checkpoint, the one the package
+   ships, also trains on deep-sentence rows of long training pages, read in its windows of 512
+   (`training.recipe.LONG_PAGES`), so that one checkpoint serves short texts and long pages.
 4. Score every model on every split through one code path (mteb): the untouched base with its own
    mean pooling, untrained CLS and LMK, trained CLS and LMK (the base and untrained CLS from one
    forward: they differ only in pooling). Print the tables, a verdict per split with the paired
-   bootstrap interval of each difference, and write JSON + PNG.
+   bootstrap interval of each difference, and write JSON + PNG. Then the long table: held-out long
+   pages of every genre read to 4,096 tokens against the user's own windows and BM25, fused rows
+   chosen leaving the reported genre out, and subject queries at 512 and 4,096.
 5. Write a model card for each trained checkpoint (with the base row), stage and validate each with
    push.py --dry-run, and load one by model id from a Hub-cache layout.
 
@@ -200,6 +204,13 @@ PACKAGE_FUSED = [fused(dense, w) for dense in (SINGLE, MAX_SIM, HYBRID) for w in
 USER_FUSED = [fused(WINDOWS_MAX, w) for w in FUSE_WEIGHTS]
 
 
+def split_name(task: str) -> str:
+    """The split name an `evaluate --task` spec gives its rows: genre:book -> "book deep evidence",
+    genre:book-subject -> "book subject", deep:scientific -> "scientific deep evidence"."""
+    name = task.split(":", 1)[-1]
+    return f"{name.removesuffix('-subject')} subject" if name.endswith("-subject") else f"{name} deep evidence"
+
+
 def pooled(rows: list[dict], name: str) -> dict:
     """One row of `name`'s per-query scores over every task in `rows` (query ids prefixed by task)."""
     per_query = {f"{r['split']}/{q}": v for r in rows if r["model"] == name for q, v in r["per_query"]["ndcg_at_10"].items()}
@@ -223,7 +234,7 @@ def genre_table(rows: list[dict], names: list[str], length: int) -> str:
     cell = {(r["model"], r["split"]): r for r in rows if r["max_length"] == length}
     queries = {task: len(next(r for (m, t), r in cell.items() if t == task)["per_query"]["ndcg_at_10"]) for task in tasks}
     width = max(len(n) for n in names) + 2
-    header = f"{'nDCG@10 at ' + str(length):<{width}}" + "".join(f"{t.split(':')[-1][:14] + f' ({queries[t]})':>20}" for t in tasks)
+    header = f"{'nDCG@10 at ' + str(length):<{width}}" + "".join(f"{t.replace(' deep evidence', '').replace(' subject', ' subj')[:12] + f' ({queries[t]})':>20}" for t in tasks)
     lines = [header, "-" * len(header)]
     for name in names:
         values = []
@@ -267,7 +278,11 @@ def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
     say(genre_table(table, [n for n in names if n], length))
     for label, choices in (("package", package), ("user", user)):
         say(f"  {label} fused row chosen per task: " + "; ".join(f"{r['split']}: {r['chosen']}" for r in choices))
-    held_out = [r for r in table if r["split"] != long["validation_task"]]
+    splits = {task: split_name(task) for task in long["deep_tasks"]}
+    missing = sorted(set(splits.values()) - {r["split"] for r in table})
+    if missing:
+        raise SystemExit(f"the long table has no rows for {missing}")
+    held_out = [r for r in table if r["split"] != split_name(long["validation_task"])]
     goals = {"landmark max-sim - base windows-max": (MAX_SIM, WINDOWS_MAX),
              "single vector - base windows-mean": (SINGLE, WINDOWS_MEAN)}
     if package and user:
@@ -276,7 +291,7 @@ def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
     results = {"deep": table, "subject": subject, "goals": {}}
     for goal, (row, rival) in goals.items():
         difference, low, high = compare(pooled(held_out, row), pooled(held_out, rival))
-        per_task = {t: compare(*[next(r for r in held_out if r["model"] == n and r["split"] == t) for n in (row, rival)])[0]
+        per_task = {t: compare(*[next(r for r in held_out if r["model"] == n and r["split"] == splits[t]) for n in (row, rival)])[0]
                     for t in long["deep_tasks"]}
         results["goals"][goal] = {"difference": difference, "low": low, "high": high, "per_task": per_task}
         say(f"  {goal}: {difference:+.3f} [{low:+.3f}, {high:+.3f}]; per task "
@@ -602,7 +617,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
     def run_options(target: argparse.ArgumentParser, budget="demo", out=None, steps=None) -> None:
         target.add_argument("--budget", choices=sorted(BUDGETS), default=budget,
-                            help="demo (18-30 min on 2 cores) or full (1 hour)")
+                            help="demo (about 45 min on 2 cores) or full (hours)")
         target.add_argument("--out", default=out, help="where data, checkpoints and results go (default: "
                             "runs/<budget>; validate: runs/validation)")
         target.add_argument("--steps", type=positive_int, default=steps,

@@ -16,18 +16,21 @@ from collections.abc import Callable
 import numpy as np
 
 MIN_QUERIES = 50
-# The Python documentation tasks are one genre: the one training reads.
+# The Python documentation tasks are one genre, the one training reads: the deep-evidence sources of
+# the documentation corpora (`training.corpora`: the out-of-domain sources and the validation source).
 PYTHON_DOCS = "python-docs"
+PYTHON_DOCS_SOURCES = ("scientific", "symbolic", "systems")
+SPLIT_SUFFIXES = (" deep evidence", " subject")
 
 
 def task_genre(task: str) -> str:
-    """The genre a task belongs to: genre:book and genre:book-subject are both "book"; every deep:*
-    task (Python documentation pages) is "python-docs"; any other task is a genre of its own."""
-    if task.startswith("deep:"):
-        return PYTHON_DOCS
-    if task.startswith("genre:"):
-        return task[len("genre:"):].removesuffix("-subject")
-    return task
+    """The genre of a task, by its `--task` spec or its split's name: genre:book, genre:book-subject,
+    "book deep evidence" and "book subject" are all "book"; deep:scientific and "scientific deep
+    evidence" (Python documentation pages) are "python-docs"; any other task is a genre of its own."""
+    name = task.removeprefix("genre:").removeprefix("deep:").removesuffix("-subject")
+    for suffix in SPLIT_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return PYTHON_DOCS if task.startswith("deep:") or name in PYTHON_DOCS_SOURCES else name
 
 
 def _scores(rows: list[dict], max_length: int | None) -> tuple[dict[tuple[str, str], dict], dict[str, int]]:

@@ -21,9 +21,13 @@ def rows_for(means: dict[tuple[str, str], float], seed: int = 0, length: int = 4
     return rows
 
 
-def test_genres_of_tasks():
+def test_genres_of_tasks_and_of_their_splits():
+    from lmk_embed_tools.training.corpora import OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE
+
     assert task_genre("genre:book") == task_genre("genre:book-subject") == "book"
-    assert task_genre("deep:scientific") == task_genre("deep:symbolic")
+    assert task_genre("book deep evidence") == task_genre("book subject") == "book"
+    assert task_genre("deep:scientific") == task_genre("deep:symbolic") == task_genre("symbolic deep evidence")
+    assert {task_genre(f"{source} deep evidence") for source in (*OUT_OF_DOMAIN_SOURCES, VALIDATION_SOURCE)} == {"python-docs"}
     assert task_genre("genre:notes") != task_genre("genre:book")
 
 
