@@ -211,11 +211,15 @@ def split_name(task: str) -> str:
     return f"{name.removesuffix('-subject')} subject" if name.endswith("-subject") else f"{name} deep evidence"
 
 
-def pooled(rows: list[dict], name: str) -> dict:
-    """One row of `name`'s per-query scores over every task in `rows` (query ids prefixed by task)."""
-    per_query = {f"{r['split']}/{q}": v for r in rows if r["model"] == name for q, v in r["per_query"]["ndcg_at_10"].items()}
-    return {"model": name, "split": "pooled", "per_query": {"ndcg_at_10": per_query},
-            "ndcg_at_10": sum(per_query.values()) / max(len(per_query), 1)}
+def goal_comparison(rows: list[dict], row: tuple[str, int], rival: tuple[str, int]) -> dict:
+    """`row` - `rival` ((name, length) each) pooled over every task of `rows` and per task, with the
+    pooled 95% paired bootstrap interval (`paired_comparisons`)."""
+    from lmk_embed_tools.evaluation.longcontext import POOLED, paired_comparisons
+
+    found = paired_comparisons(rows, [(row, rival)])
+    pooled = next(c for c in found if c["task"] == POOLED)
+    return {"difference": pooled["difference"], "low": pooled["low"], "high": pooled["high"],
+            "per_task": {c["task"]: c["difference"] for c in found if c["task"] != POOLED}}
 
 
 def chosen_rows(rows: list[dict], candidates: list[str], label: str, length: int) -> list[dict]:
@@ -254,7 +258,6 @@ def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
     windows-mean, windows-max), the trained LMK's single vector and landmark max-sim, BM25, and the
     fused rows chosen leaving each genre out. Prints the tables and the goals' paired intervals, pooled
     over the held-out genres; writes `results/long.json`."""
-    from lmk_embed_tools.evaluation.table import compare
     from lmk_embed_tools.evaluation_jobs import evaluate_arguments, evaluation_rows
 
     long, minilm = budget["long"], minilm_path()
@@ -290,21 +293,15 @@ def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
     say(f"\nPooled over the held-out tasks ({', '.join(long['deep_tasks'])}; nDCG@10 difference, 95% paired bootstrap):")
     results = {"deep": table, "subject": subject, "goals": {}}
     for goal, (row, rival) in goals.items():
-        difference, low, high = compare(pooled(held_out, row), pooled(held_out, rival))
-        per_task = {t: compare(*[next(r for r in held_out if r["model"] == n and r["split"] == splits[t]) for n in (row, rival)])[0]
-                    for t in long["deep_tasks"]}
-        results["goals"][goal] = {"difference": difference, "low": low, "high": high, "per_task": per_task}
-        say(f"  {goal}: {difference:+.3f} [{low:+.3f}, {high:+.3f}]; per task "
-            + ", ".join(f"{t.split(':')[-1]} {d:+.3f}" for t, d in per_task.items()))
+        results["goals"][goal] = goal_comparison(held_out, (row, length), (rival, length))
     say("\n" + genre_table(subject, [BASE_NAME, LMK_ROW, "BM25"], 512))
     say(genre_table(subject, [BASE_NAME, LMK_ROW, "BM25"], length))
-    whole, first = pooled([r for r in subject if r["max_length"] == length], LMK_ROW), pooled([r for r in subject if r["max_length"] == 512], LMK_ROW)
-    capped = pooled([r for r in subject if r["max_length"] == 512], BASE_NAME)
-    for goal, rival in ((f"subject queries: trained LMK whole page ({length}) - its 512 read", first),
-                        (f"subject queries: trained LMK whole page ({length}) - base capped at 256", capped)):
-        difference, low, high = compare(whole, {**rival, "split": "pooled"})
-        results["goals"][goal] = {"difference": difference, "low": low, "high": high}
-        say(f"  {goal}: {difference:+.3f} [{low:+.3f}, {high:+.3f}]")
+    for goal, rival in ((f"subject queries: trained LMK whole page ({length}) - its 512 read", (LMK_ROW, 512)),
+                        (f"subject queries: trained LMK whole page ({length}) - base capped at 256", (BASE_NAME, 512))):
+        results["goals"][goal] = goal_comparison(subject, (LMK_ROW, length), rival)
+    for goal, found in results["goals"].items():
+        say(f"  {goal}: {found['difference']:+.3f} [{found['low']:+.3f}, {found['high']:+.3f}]; per task "
+            + ", ".join(f"{task.removesuffix(' deep evidence')} {d:+.3f}" for task, d in found["per_task"].items()))
     (out_dir / "results").mkdir(parents=True, exist_ok=True)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "per_query"} for r in rows]  # noqa: E731
     (out_dir / "results" / "long.json").write_text(json.dumps(
