@@ -224,8 +224,6 @@ def _as_batch(texts, allow_streams: bool) -> tuple[bool, list]:
 # A whitespace run that starts after a non-space character: a safe place to cut a text.
 _SAFE_CUT = re.compile(r"(?<=\S)\s")
 _CUT_WINDOW = 4096
-# Texts longer than this many characters per token of budget are cut before tokenizing.
-_CHARS_PER_TOKEN_BOUND = 8
 
 
 def last_safe_cut(text: str) -> int:
@@ -283,8 +281,10 @@ def _encode_batch(backend, texts: list[str]):
         raise
 
 
-# Texts longer than this many characters are tokenized piece by piece (`encode_long_content`).
+# Texts longer than this many characters are tokenized piece by piece (`encode_long_content`);
+# counted against a budget, in smaller pieces, so that reading stops soon after the budget.
 _PIECE_CHARS = 1 << 16
+_COUNT_PIECE_CHARS = 1 << 14
 
 
 class ContentEncoding:
@@ -295,13 +295,16 @@ class ContentEncoding:
         self.ids, self.offsets = ids, offsets
 
 
-def encode_long_content(backend, text: str, piece_chars: int = _PIECE_CHARS) -> ContentEncoding:
+def encode_long_content(backend, text: str, piece_chars: int = _PIECE_CHARS,
+                        max_tokens: int | None = None) -> ContentEncoding:
     """`text`'s content tokens, equal to one pass over it, from pieces of about `piece_chars`
     characters cut at safe places (`last_safe_cut`). The Rust pass holds several words of
     alignment data per character and an `Encoding` a token string per token; pieces bound the first
-    and arrays replace the second, so memory stays a few int64 per token however long the text."""
-    ids, offsets, begin = [], [], 0
-    while begin < len(text):
+    and arrays replace the second, so memory stays a few int64 per token however long the text.
+    With `max_tokens`, reading stops at the first piece that takes the count past it: the tokens
+    read are the text's first ones, and more than `max_tokens` of them say the text is longer."""
+    ids, offsets, begin, count = [], [], 0, 0
+    while begin < len(text) and (max_tokens is None or count <= max_tokens):
         end = begin + piece_chars
         cut = 0 if end >= len(text) else last_safe_cut(text[begin:end])
         while end < len(text) and cut == 0:  # no safe cut near the piece's end: read on
@@ -311,6 +314,7 @@ def encode_long_content(backend, text: str, piece_chars: int = _PIECE_CHARS) -> 
         encoding = _encode_batch(backend, [text[begin:stop]])[0]
         ids.append(np.asarray(encoding.ids, dtype=np.int64))
         offsets.append(np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2) + begin)
+        count += len(ids[-1])
         begin = stop
     if not ids:
         return ContentEncoding(np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64))
@@ -336,22 +340,20 @@ def encode_content(tokenizer, texts: list[str], max_tokens: int | None = None):
 
     `tokenizer` is a fast tokenizer; returns its `tokenizers.Encoding`s, never truncated or padded
     (a `ContentEncoding`, with the same `ids` and `offsets`, for a text over `_PIECE_CHARS`
-    characters). With `max_tokens`, a very long text is tokenized from a prefix cut at a safe place
-    that still yields more than `max_tokens` tokens: its first tokens are the same, and the caller
-    still sees that the text exceeds the budget.
+    characters). With `max_tokens`, a text over `_COUNT_PIECE_CHARS` characters is read piece by
+    piece only until it has more than `max_tokens` tokens: its first tokens are the same, and the
+    caller still sees that the text exceeds the budget, at the cost of the budget, not of the text.
     """
     backend = content_backend(tokenizer)
     if max_tokens is None:
         return encode_in_pieces(backend, texts)
-    limit = _CHARS_PER_TOKEN_BOUND * (max_tokens + 1)
-    prefixes = []
-    for text in texts:
-        cut = last_safe_cut(text[:limit]) if len(text) > limit else 0
-        prefixes.append(text[:cut] if cut else text)
-    encodings = encode_in_pieces(backend, prefixes)
-    for index, (text, prefix, encoding) in enumerate(zip(texts, prefixes, encodings)):
-        if len(prefix) < len(text) and len(encoding.ids) <= max_tokens:  # rare: very long tokens
-            encodings[index] = encode_in_pieces(backend, [text])[0]
+    short = [i for i, text in enumerate(texts) if len(text) <= _COUNT_PIECE_CHARS]
+    encodings = [None] * len(texts)
+    for i, encoding in zip(short, _encode_batch(backend, [texts[i] for i in short]) if short else []):
+        encodings[i] = encoding
+    for i, text in enumerate(texts):
+        if encodings[i] is None:
+            encodings[i] = encode_long_content(backend, text, _COUNT_PIECE_CHARS, max_tokens)
     return encodings
 
 

@@ -219,6 +219,10 @@ def test_a_long_text_is_tokenized_in_pieces_as_in_one_pass(tokenizer):
         pieced = encode_long_content(backend, text, piece_chars)
         assert pieced.ids.tolist() == whole.ids and pieced.offsets.tolist() == [list(o) for o in whole.offsets]
     assert len(text) > _PIECE_CHARS and isinstance(encode_content(tokenizer, [text])[0].ids, np.ndarray)
+    counted = encode_long_content(backend, text, 1000, max_tokens=500)  # a budget: read until it is passed
+    assert 500 < len(counted.ids) < len(whole.ids) and counted.ids.tolist() == whole.ids[:len(counted.ids)]
+    budget = encode_content(tokenizer, [text, "short"], max_tokens=2000)
+    assert 2000 < len(budget[0].ids) < len(whole.ids) and len(budget[1].ids) == 1
     batch = tokenizer.build_layout([text, "short"], granularity=16, max_length=None, with_spans=True)
     ids, _ = reference_layout(whole.ids, 16, None)
     assert batch.input_ids[0].tolist() == ids and batch.spans[0][-1][1] == len(text.rstrip())
