@@ -39,7 +39,7 @@ RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
 FUSION_DEPTH = 50  # how many documents each leg of a hybrid query reads
 _CANDIDATE_COLUMNS = ["row", "id", "embedding", "landmarks", "landmark_spans"]
 # LanceDB adds its score column to a projection; naming it keeps the projection explicit.
-_DISTANCE, _SCORE = _CANDIDATE_COLUMNS + ["_distance"], _CANDIDATE_COLUMNS + ["_score"]
+_SCORE = _CANDIDATE_COLUMNS + ["_score"]
 
 
 @dataclass
@@ -93,6 +93,13 @@ def _unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
 
 
+def _cosines(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """cos(each row of vectors [N, D], the unit `query` [D]) -> [N], without a normalised copy."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))
+    return (vectors @ query) / np.maximum(norms, 1e-12)
+
+
 class Candidates:
     """Rows read from the table for one query, each scored exactly: max-sim, its best landmark,
     cos(query, document vector), and BM25 where the lexical leg returned it."""
@@ -105,11 +112,11 @@ class Candidates:
         landmarks = table["landmarks"].combine_chunks()
         bounds = landmarks.offsets.to_numpy()
         bounds = bounds - bounds[0]  # a sliced list array keeps its parent's offsets; flatten() does not
-        flat = _unit(landmarks.flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, self.query.shape[0]))
-        similarity = flat @ self.query
+        similarity = _cosines(landmarks.flatten().flatten().to_numpy(zero_copy_only=False)
+                              .reshape(-1, self.query.shape[0]), self.query)
         spans = table["landmark_spans"].combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, 2)
-        documents = _unit(table["embedding"].combine_chunks().flatten().to_numpy(zero_copy_only=False)
-                          .reshape(-1, self.query.shape[0])) @ self.query
+        documents = _cosines(table["embedding"].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                             .reshape(-1, self.query.shape[0]), self.query)
         scores = table["_score"].to_pylist() if bm25 else None
         for i, row in enumerate(rows):
             if row not in self.rows:
@@ -144,6 +151,7 @@ class LandmarkIndex:
         self.rows = int(record["rows"])
         self.hybrid_weight = float(record.get("hybrid_weight", index_table.DEFAULT_HYBRID_WEIGHT))
         self.vector_index = record.get("vector_index")
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lexical")  # hybrids' BM25 legs
 
     @classmethod
     def from_corpus(cls, folder) -> "LandmarkIndex":
@@ -184,15 +192,16 @@ class LandmarkIndex:
             candidates.add(self._read(self._lexical(text, top_k, _SCORE)), bm25=True)
             return candidates.hits({row: c["bm25"] for row, c in candidates.rows.items()}, top_k)
         depth = max(top_k, FUSION_DEPTH)
-        with ThreadPoolExecutor(max_workers=2) as pool:  # both legs at once, as LanceDB's hybrid query runs them
-            lexical = pool.submit(lambda: self._read(self._lexical(text, depth)))
-            for table in self._dense_legs(query, depth, fuse, refine=False):  # every candidate is re-scored here
-                candidates.add(table)
-            lexical = lexical.result()
-        missing = [row for row in lexical["row"].to_pylist() if row not in candidates.rows]
-        if missing:  # BM25's candidates the dense leg did not return: their vectors, by `row` (indexed)
-            candidates.add(self._read(self.documents.search().where(f"row IN ({', '.join(map(str, missing))})")
-                                      .select(_CANDIDATE_COLUMNS).limit(len(missing))))
+        lexical = self._pool.submit(self._read, self._lexical(text, depth))  # both legs at once, as LanceDB's
+        found = [self._read(self._landmark_query(query, depth, refine=False, columns=["row"]))]  # hybrid runs them
+        if fuse:
+            found.append(self._read(self._document_query(query, depth, ["row"])))
+        lexical = lexical.result()
+        # One read of every candidate's vectors, by `row` (indexed): each is scored exactly here.
+        rows = sorted({row for table in found + [lexical] for row in table["row"].to_pylist()})
+        if rows:
+            candidates.add(self._read(self.documents.search().where(f"row IN ({', '.join(map(str, rows))})")
+                                      .select(_CANDIDATE_COLUMNS).limit(len(rows))))
         for row, score in zip(lexical["row"].to_pylist(), lexical["_score"].to_pylist()):
             candidates.rows[row]["bm25"] = float(score)
         rows = list(candidates.rows)
@@ -201,20 +210,24 @@ class LandmarkIndex:
                             np.array([[candidates.rows[row]["bm25"] for row in rows]]), fusion, weight)[0]
         return candidates.hits(dict(zip(rows, fused.tolist())), top_k)
 
-    def _dense_legs(self, query: np.ndarray, depth: int, fuse: float, refine: bool = True):
-        legs = [self._landmark_query(query, depth, refine)]
+    def _dense_legs(self, query: np.ndarray, depth: int, fuse: float):
+        legs = [self._landmark_query(query, depth)]
         if fuse:
-            legs.append(self.documents.search(query, vector_column_name="embedding").distance_type("cosine")
-                        .limit(depth).select(_DISTANCE))
+            legs.append(self._document_query(query, depth, _CANDIDATE_COLUMNS))
         return [self._read(leg) for leg in legs]
 
-    def _landmark_query(self, query: np.ndarray, depth: int, refine: bool = True):
+    def _landmark_query(self, query: np.ndarray, depth: int, refine: bool = True, columns=_CANDIDATE_COLUMNS):
+        """The `depth` documents of the best landmarks, with `columns` (LanceDB adds `_distance`)."""
         builder = self.documents.search(query, vector_column_name="landmarks").distance_type("cosine").limit(depth)
         if self.vector_index:
             builder = builder.nprobes(self.vector_index["nprobes"])
-            if refine:  # the exact order of the top `depth`; a hybrid's 50 candidates are all re-scored anyway
+            if refine:  # the exact order of the top `depth`; a hybrid's candidates are all re-scored anyway
                 builder = builder.refine_factor(self.vector_index["refine_factor"])
-        return builder.select(_DISTANCE)
+        return builder.select(list(columns) + ["_distance"])
+
+    def _document_query(self, query: np.ndarray, depth: int, columns):
+        return (self.documents.search(query, vector_column_name="embedding").distance_type("cosine").limit(depth)
+                .select(list(columns) + ["_distance"]))
 
     def _lexical(self, text: str, depth: int, columns=("row", "_score")):
         return self.documents.search(text, query_type="fts", fts_columns="text").limit(depth).select(list(columns))

@@ -71,10 +71,12 @@ class ShardEncoder:
                 yield piece
 
     def _count_tokens(self, texts: list) -> int:
-        """Content tokens of each text (no special tokens, no truncation); a streamed file is
-        counted piece by piece, never held whole."""
-        strings = [t for t in texts if isinstance(t, str)]
-        count = sum(len(e.ids) for e in self._counter.encode_batch(strings, add_special_tokens=False))
+        """Content tokens of each text (no special tokens, no truncation); a long text and a streamed
+        file are counted piece by piece, never tokenized whole."""
+        from lmk_embed.encoding import encode_in_pieces
+
+        strings = [t for t in texts if isinstance(t, str)]  # a long one in pieces: one Rust pass holds ~185 MB a MB
+        count = sum(len(e.ids) for e in encode_in_pieces(self._counter, strings)) if strings else 0
         for path in (t for t in texts if isinstance(t, Path)):
             count += sum(len(ids) for ids in self.model.tokenizer.stream_content_ids(self._pieces(path)))
         return count
