@@ -54,6 +54,9 @@ class ShardEncoder:
     def __init__(self, job: dict, device=None, num_threads: int | None = None):
         import torch
 
+        from lmk_embed_tools import return_freed_memory
+
+        return_freed_memory()  # a huge document's windows must not raise RSS for good (glibc keeps freed heap)
         if num_threads:
             torch.set_num_threads(num_threads)
         self.job = job

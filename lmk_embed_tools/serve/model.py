@@ -40,8 +40,10 @@ class ServedModel:
                  max_request_tokens: int | None = None):
         import torch
 
+        from lmk_embed_tools import return_freed_memory
         from lmk_embed_tools.corpus.worker import load_model
 
+        return_freed_memory()  # a replica's RSS stays flat over long texts (glibc keeps freed heap otherwise)
         if num_threads:
             torch.set_num_threads(num_threads)
         onnx = {"name": "onnx", "file": "onnx/model.onnx"} if backend == "onnx" else None
