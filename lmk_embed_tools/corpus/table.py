@@ -29,6 +29,10 @@ DEFAULT_HYBRID_WEIGHT = 0.5  # BM25's share in min-max fusion (the evaluation's 
 # recall@10 0.99-1.0 (benchmarks/landmark_index.py): the scan is kept for small indexes only.
 FLAT_LIMIT = 50_000
 VECTOR_INDEX = "IVF_SQ"
+# Partitions a query probes. 64 gave recall@10 0.977-1.000 at 1M landmarks (244 partitions) and 1.000
+# at 10M (2,441), p50 43 ms there; probing an eighth of the partitions (305 at 10M) took 159 ms for
+# the same recall (benchmarks/landmark_index.py, docs/corpus-encoding.md).
+NPROBES = 64
 
 
 def require_lancedb():
@@ -185,7 +189,7 @@ def landmark_count(documents) -> int:
 
 def build_vector_index(documents, landmarks: int, index_type: str) -> dict:
     """A vector index over the landmark vectors (cosine, as max-sim scores them), about 4,096
-    vectors a partition; searched with `nprobes` partitions, candidates re-ranked exactly
+    vectors a partition; searched with `NPROBES` partitions, candidates re-ranked exactly
     (`refine_factor`; and every returned document is scored again from its own landmarks)."""
     from lancedb import index as kinds
 
@@ -197,7 +201,7 @@ def build_vector_index(documents, landmarks: int, index_type: str) -> dict:
     config = {"IVF_PQ": kinds.IvfPq, "IVF_SQ": kinds.IvfSq, "IVF_FLAT": kinds.IvfFlat}[index_type](**options)
     documents.create_index("landmarks", config=config)
     return {"type": index_type, **{k: v for k, v in options.items() if k != "distance_type"},
-            "nprobes": max(64, partitions // 8), "refine_factor": 4}
+            "nprobes": NPROBES, "refine_factor": 4}
 
 
 __all__ = ["DEFAULT_HYBRID_WEIGHT", "FLAT_LIMIT", "FORMAT", "connect", "create", "finish", "finished_shards",
