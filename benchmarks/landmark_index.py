@@ -1,5 +1,5 @@
 """The landmark index on real landmark vectors: FAISS flat in memory (the index before LanceDB)
-against LanceDB flat and LanceDB with its IVF-PQ index, side by side in one run.
+against LanceDB flat and LanceDB with its IVF index (IVF_SQ by default), side by side in one run.
 
     python -m benchmarks.landmark_index [--encode-seconds 300] [--sizes 100000 1000000] [--queries 100]
     python -m benchmarks.landmark_index --sizes 10000000 --probe-queries 30 --nprobes 64 128   (10M: no FAISS)
@@ -19,7 +19,8 @@ answers group by group, so no size needs all of them in memory; FAISS flat, whic
 
 Per size and index, each in a fresh process (so RSS is its own): build time (FAISS: loading the
 vectors and adding them; LanceDB: writing the tables and their indexes through the corpus code),
-disk size, RSS after open and peak RSS while querying, per-query latency p50/p99 alone and with 16
+disk size, RSS after open and peak RSS while querying, per-query latency p50/p99 alone (a first pass
+over the queries, which reads from disk what the page cache lacks, then the timed second pass) and with 16
 concurrent queries, recall@10 of documents against exact max-sim (a numpy scan), and for LanceDB the
 hybrid (max-sim + BM25 in one query) latency over dense. Prints the table and saves
 benchmarks/results/landmark_index.json; the CPU and its flags head the output.
@@ -293,11 +294,13 @@ def probe(system: str, folder: Path, queries_file: Path, nprobes: int | None) ->
     search = faiss_searcher(folder) if system == "faiss flat" else lancedb_searcher(folder, nprobes)
     result = {"open_s": time.perf_counter() - started, "rss_open_mb": rss_mb(), "rss_open_rise_mb": rss_mb() - before}
     reset_peak_rss()
-    search(queries[0], texts[0])  # warm
+    # A table larger than the page cache answers a query's first touch from disk: the first pass is
+    # reported apart, and every mode is timed on its second pass (the same pages, warm).
+    _, result["first_pass"] = timed(search, queries, texts)
     answers, result["single"] = timed(search, queries, texts)
     _, result["concurrent16"] = timed(search, queries, texts, workers=16)
     if system != "faiss flat":
-        search(queries[0], texts[0], True)
+        timed(search, queries, texts, hybrid=True)
         _, result["hybrid"] = timed(search, queries, texts, hybrid=True)
     result["rss_peak_mb"] = peak_rss_mb()
     result["answers"] = answers
@@ -362,6 +365,7 @@ def measure_size(size: int, real: dict, sigma: float, args) -> dict:
         rows[system] = result
         print(f"  {size:>10,} {system:<15} build {result['build_s']:7.1f} s  disk {result['disk_mb']:8.0f} MB  "
               f"open {result['open_s']:6.2f} s  RSS open {result['rss_open_mb']:6.0f} MB  peak {result['rss_peak_mb']:6.0f} MB  "
+              f"first pass p50/p99 {result['first_pass']['p50_ms']:7.1f}/{result['first_pass']['p99_ms']:7.1f} ms  "
               f"p50/p99 {result['single']['p50_ms']:7.1f}/{result['single']['p99_ms']:7.1f} ms  "
               f"16 conc. {result['concurrent16']['p50_ms']:7.1f}/{result['concurrent16']['p99_ms']:7.1f} ms  "
               f"recall@10 {result['recall@10']:.3f}"
