@@ -1,18 +1,20 @@
 """`lmk-embed serve` against in-process `encode()` and against Infinity, the peer server, in one run.
 
     python -m benchmarks.serve [--peer-python runs/venv-infinity-peer/bin/python] [--short-requests 128]
-                               [--long-requests 16] [--concurrency 1 8 32] [--threads 1]
+                               [--long-requests 16] [--concurrency 1 8 32] [--threads 1] [--replicas 1]
     python -m benchmarks.serve --layouts 1x1 1x2 2x1 [--concurrency 32]   (replicas x threads only)
 
 1. In-process: all-MiniLM-L6-v2 converted to LMK (g=32, long texts read in its windows schedule:
    `--long-input windows`) with `encode()`, and the untouched MiniLM with sentence-transformers, on the same
    texts: one text per call (latency, the first 16 texts) and batches of 32 (throughput); short texts
    are measured before and after the servers and the faster pass is kept (the CPU is shared).
-2. Served: that MiniLM-LMK behind `lmk-embed serve` (one replica with --threads torch threads,
-   --max-batch-size 32, an API key and the default limits on); one text per request at each concurrency, from an asyncio httpx client in
-   this process; requests/s and p50/p99 latency; the replica's RSS.
+2. Served: that MiniLM-LMK behind `lmk-embed serve` (--replicas replicas of --threads torch threads,
+   --max-batch-size 32, an API key and the default limits on); one text per request at each
+   concurrency, from an asyncio httpx client in this process; requests/s and p50/p99 latency; the
+   replica's RSS.
 3. The peer (`make bench-serve` builds runs/venv-infinity-peer): Infinity (`infinity_emb v2`, torch
-   engine, batch size 32) serving the untouched MiniLM, same texts, same client, same concurrency.
+   engine, batch size 32, one process of --threads torch threads) serving the untouched MiniLM, same
+   texts, same client, same concurrency.
 
 Short texts are 30 to 80 words of stdlib documentation (at most 128 tokens); long ones 4,096 tokens.
 Infinity reads at most MiniLM's 256 tokens (it truncates longer inputs), so its long row is the cost
@@ -215,10 +217,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every side (1: on shared cores 2 threads spin against other jobs, "
                              "1.5 s for a short text against 62 ms with 1, measured)")
+    parser.add_argument("--replicas", type=int, default=1, help="replicas of lmk-embed serve (Infinity is one process)")
     parser.add_argument("--peer-python", default=str(DEFAULT_PEER) if DEFAULT_PEER.exists() else None)
     parser.add_argument("--layouts", nargs="+", default=None, metavar="RxT",
                         help="only measure these replicas x threads layouts of lmk-embed serve (e.g. 1x1 1x2 2x1)")
     args = parser.parse_args()
+    if args.replicas < 1 or args.threads < 1:
+        parser.error("--replicas and --threads must be at least 1")
     for layout in args.layouts or []:
         parts = layout.split("x")
         if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
@@ -253,7 +258,7 @@ def main() -> None:
              "minilm (sentence-transformers)": lambda batch: plain.encode(batch, batch_size=BATCH,
                                                                           show_progress_bar=False)}
     results = {"in_process": {}, "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": args.threads,
-               "concurrency": args.concurrency}
+               "replicas": args.replicas, "concurrency": args.concurrency}
     for name, encode in sides.items():
         results["in_process"][name] = {kind: in_process(encode, items) for kind, items in texts.items()}
         for kind, row in results["in_process"][name].items():
@@ -261,8 +266,8 @@ def main() -> None:
                   f"{row['texts_per_s_single']:8.1f} texts/s, p50 {row['p50_ms_single']:.1f} ms, "
                   f"p99 {row['p99_ms_single']:.1f} ms", flush=True)
 
-    print("2. lmk-embed serve (MiniLM-LMK, one replica)")
-    results["served"] = run_ours(checkpoint, texts, args)
+    print(f"2. lmk-embed serve (MiniLM-LMK, {args.replicas} replica(s) of {args.threads} thread(s))")
+    results["served"] = run_ours(checkpoint, texts, args, replicas=args.replicas)
     print("3. Infinity (untouched MiniLM)")
     if args.peer_python:
         results["infinity"] = run_infinity(args.peer_python, minilm, texts, args)
