@@ -83,10 +83,15 @@ def stdlib_texts(limit: int = 40) -> list[str]:
     return [line for page in pages for line in page.split("\n\n") if line.strip()][:limit]
 
 
-def train_bpe_tokenizer(folder: Path) -> Path:
-    """A byte-level BPE (vocab 600) with `<|endoftext|>` as EOS/BOS/PAD and no SEP/CLS, saved for AutoTokenizer."""
+BPE_TOKENIZER = Path(__file__).parent / "data" / "bpe600.json"
+
+
+def trained_bpe():
+    """A byte-level BPE (vocab 600, `<|endoftext|>` its one special token) trained on stdlib docs.
+
+    Not reproducible: pairs of equal count are merged in the order of a Rust HashMap seeded per
+    process (about 1 run in 8 differs here). The tests read the copy stored by `python -m tests.helpers`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -95,8 +100,18 @@ def train_bpe_tokenizer(folder: Path) -> Path:
         vocab_size=600, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tokenizer.train_from_iterator(stdlib_texts(400), trainer=trainer)
+    return tokenizer
+
+
+def train_bpe_tokenizer(folder: Path) -> Path:
+    """The stored BPE (`BPE_TOKENIZER`, from `trained_bpe`) with `<|endoftext|>` as EOS/BOS/PAD and no
+    SEP/CLS, saved for AutoTokenizer."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|endoftext|>"
+        tokenizer_object=Tokenizer.from_file(str(BPE_TOKENIZER)), eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
     fast.model_max_length = 100_000
     fast.save_pretrained(folder)
@@ -114,3 +129,9 @@ def run_fresh_python(code: str, *, cwd: Path, env_extra: dict | None = None, tim
     if result.returncode != 0:
         raise AssertionError(f"fresh process failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":  # store a freshly trained BPE (the saved vectors were computed with the stored one)
+    BPE_TOKENIZER.parent.mkdir(exist_ok=True)
+    trained_bpe().save(str(BPE_TOKENIZER))
+    print(f"wrote {BPE_TOKENIZER}")
