@@ -2,7 +2,7 @@
 
 A document scores its best landmark (max-sim, late interaction): LanceDB scores the `landmarks`
 multivector column by max-sim over cosine, exactly (a flat scan) below `table.FLAT_LIMIT` landmark
-vectors, and through an IVF-PQ index with exact re-ranking above. Each returned document's score is
+vectors, and through an IVF index (IVF_SQ) with exact re-ranking above. Each returned document's score is
 computed again here from its own landmark vectors, which also names the landmark and its character
 span, so a user sees the passage that matched. With `fuse` > 0 the dense score is `(1 - fuse) *
 max-sim + fuse * cos(query, document vector)`: candidates come from both the landmark and the
