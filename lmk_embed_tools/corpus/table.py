@@ -30,8 +30,8 @@ DEFAULT_HYBRID_WEIGHT = 0.5  # BM25's share in min-max fusion (the evaluation's 
 FLAT_LIMIT = 50_000
 VECTOR_INDEX = "IVF_SQ"
 # Partitions a query probes. 64 gave recall@10 0.977-1.000 at 1M landmarks (244 partitions) and 1.000
-# at 10M (2,441), p50 43 ms there; probing an eighth of the partitions (305 at 10M) took 159 ms for
-# the same recall (benchmarks/landmark_index.py, docs/corpus-encoding.md).
+# at 10M (2,441), p50 18-20 ms there with the pages cached; probing an eighth of the partitions
+# (305 at 10M) cost 3.7x the time for the same recall (benchmarks/landmark_index.py, docs/corpus-encoding.md).
 NPROBES = 64
 
 
