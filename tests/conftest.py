@@ -54,7 +54,7 @@ def minilm_lmk_checkpoint(tmp_path_factory, minilm_path):
 @pytest.fixture(scope="session")
 def bpe_tokenizer_dir(tmp_path_factory):
     """A small byte-level BPE trained on stdlib docs: EOS `<|endoftext|>`, no SEP, no CLS."""
-    return helpers.train_bpe_tokenizer(tmp_path_factory.mktemp("bpe"))
+    return helpers.stored_bpe_tokenizer(tmp_path_factory.mktemp("bpe"))
 
 
 @pytest.fixture(scope="session")

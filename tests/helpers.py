@@ -103,7 +103,7 @@ def trained_bpe():
     return tokenizer
 
 
-def train_bpe_tokenizer(folder: Path) -> Path:
+def stored_bpe_tokenizer(folder: Path) -> Path:
     """The stored BPE (`BPE_TOKENIZER`, from `trained_bpe`) with `<|endoftext|>` as EOS/BOS/PAD and no
     SEP/CLS, saved for AutoTokenizer."""
     from tokenizers import Tokenizer

@@ -68,7 +68,7 @@ if __name__ == "__main__":  # write the saved vectors with the code of this chec
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         minilm_lmk = convert_to_lmk(helpers.minilm_path(), scratch / "minilm-lmk", granularity=32)
-        lm = helpers.tiny_mamba2_lm(scratch / "mamba2-lm", helpers.train_bpe_tokenizer(scratch / "bpe"))
+        lm = helpers.tiny_mamba2_lm(scratch / "mamba2-lm", helpers.stored_bpe_tokenizer(scratch / "bpe"))
         mamba2 = convert_to_recurrent(lm, scratch / "mamba2-emb", block_size=40, ssd_chunk_size=16)
         found = compute(minilm_lmk, mamba2)
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else SAVED
