@@ -89,6 +89,30 @@ def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return (hidden_states.float() * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
+def late_chunk_states(hidden_states: torch.Tensor, chunk_of: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+    """Late chunking (Günther et al., arXiv 2409.04701): per row, the mean of the final states of each
+    chunk's content tokens, read in the row's context.
+
+    hidden_states [R, T, D], chunk_of [R, T] (each content token's chunk within its text, -1 elsewhere;
+    a row holds consecutive chunks), attention_mask [R, T] -> per row [n_r, D] float32, its chunks in
+    order. A row without content tokens (an empty text) gives one vector, the mean of its attended states.
+    """
+    states = []
+    for row in range(hidden_states.shape[0]):
+        content = chunk_of[row] >= 0
+        if not bool(content.any()):
+            states.append(masked_mean(hidden_states[row : row + 1], attention_mask[row : row + 1]))
+            continue
+        chunks = chunk_of[row][content]
+        local = chunks - chunks.min()
+        count = int(local.max()) + 1
+        totals = hidden_states.new_zeros(count, hidden_states.shape[-1], dtype=torch.float32)
+        totals.index_add_(0, local, hidden_states[row][content].float())
+        sizes = torch.bincount(local, minlength=count).clamp(min=1).to(torch.float32)
+        states.append(totals / sizes[:, None])
+    return states
+
+
 # The `windows` schedule's rows per forward, at least (more when the batch holds more texts).
 WINDOWS_PER_FORWARD = 16
 
@@ -232,7 +256,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
     `device`); the rest (config, tokenizer, `forward`, `encode()`) is this class's.
     """
 
-    output_values = ("embedding", "landmarks")
+    # landmarks: the landmark states; late_chunks: each chunk's content-token mean, from the same pass
+    output_values = ("embedding", "landmarks", "late_chunks")
     preprocess_options = call_options(LMK_OPTIONS)  # they shape the inputs
     tokenizer_class = LMKTokenizer
     # position_ids and window_document are optional
@@ -293,25 +318,29 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         embeddings, hidden_states = self.embed_rows(input_ids, attention_mask, landmark_mask, inputs_embeds, **kwargs)
         return LMKOutput(embeddings=embeddings, last_hidden_state=hidden_states)
 
-    def embed_windows(self, features: dict, num_texts: int, with_states: bool = False):
+    def embed_windows(self, features: dict, num_texts: int, with_states: bool = False,
+                      chunk_of: torch.Tensor | None = None):
         """The `windows` schedule's one loop, for `encode()` and `forward(window_document=...)` (the
         sentence-transformers module) alike: the rows of `features` ([R, T] tensors and
         `window_document` [R]) run in groups of `max(num_texts, WINDOWS_PER_FORWARD)`, each trimmed to
         its longest row, so a forward holds one group's activations however long the document.
 
         -> (per text [num_texts, D], the mean of its windows' landmark states; with `with_states`, per
-        row its landmark states [n_r, D], else None)."""
+        row its landmark states [n_r, D], or with `chunk_of` [R, T] its late chunks (`late_chunk_states`),
+        else None)."""
         rows = features["input_ids"].shape[0]
         step = max(num_texts, WINDOWS_PER_FORWARD)
         names = [name for name in ("input_ids", "attention_mask", "landmark_mask", "position_ids") if name in features]
-        pooled, states = [], [] if with_states else None
+        pooled, states = [], [] if with_states or chunk_of is not None else None
         for start in range(0, rows, step):
             part = slice(start, start + step)
             width = int(features["attention_mask"][part].sum(-1).max())
             inputs = {name: features[name][part, :width] for name in names}
             embeddings, hidden_states = self.embed_rows(**inputs)
             pooled.append(embeddings)
-            if with_states:
+            if chunk_of is not None:
+                states += late_chunk_states(hidden_states, chunk_of[part, :width], inputs["attention_mask"])
+            elif with_states:
                 mask = inputs["landmark_mask"].bool()
                 states += [hidden_states[row][mask[row]] for row in range(mask.shape[0])]
             del hidden_states  # the next group reuses its memory
@@ -406,7 +435,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
                                  f"pass (long_input='one-pass'): pass long_input='windows' or leave window_length out.")
             max_length = check_lmk_max_length(max_length, self.max_positions(), name)
         layout = LayoutOptions(pooling, granularity, "sentence" if splitter == "sentence" else "fixed", max_length,
-                               config.landmark_token, prompt, output_value == "landmarks")
+                               config.landmark_token, prompt, output_value == "landmarks",
+                               output_value == "late_chunks")
         return LMKRequest(layout.checked(self.tokenizer), long_input, window_length, output_value)
 
     def tokenize(self, texts: list[str], request: LMKRequest):
@@ -463,6 +493,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         follows `config.normalize`. `output_value="landmarks"` returns, per text,
         `{"embeddings": [n_landmarks, D], "spans": [(start, end), ...]}`: the vector of each
         landmark and the character span of the chunk it closes (chunk vectors from one pass).
+        `output_value="late_chunks"` returns the same per text, with each chunk's vector the mean of its
+        content tokens' final states, read in context (late chunking; any pooling, no training needed).
         `long_input` ("one-pass" or "windows") and `window_length` override the config (see `resolve`).
         """
         request = self.resolve(max_length=max_length, granularity=granularity, splitter=splitter, long_input=long_input,
@@ -483,10 +515,11 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         Texts cut into windows run through `embed_windows`; a batch without windows is one forward."""
         batch = self.tokenize(texts, request)
         features = batch.tensors(self.device)
-        with_spans = request.output_value == "landmarks"
+        with_spans = request.output_value != "embedding"
+        chunk_of = torch.from_numpy(batch.chunk_of).to(self.device) if batch.chunk_of is not None else None
         truncated = int(batch.truncated.sum())
         if batch.window_document is not None:
-            embeddings, states = self.embed_windows(features, len(texts), with_states=with_spans)
+            embeddings, states = self.embed_windows(features, len(texts), with_states=with_spans, chunk_of=chunk_of)
             if not with_spans:
                 return embeddings, truncated
             per_text = [[] for _ in texts]
@@ -497,6 +530,9 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
                       landmark_mask=features["landmark_mask"])
         if not with_spans:
             return output.embeddings, truncated
+        if chunk_of is not None:
+            return list(zip(late_chunk_states(output.last_hidden_state, chunk_of, features["attention_mask"]),
+                            batch.spans)), truncated
         mask = features["landmark_mask"].bool()
         states = [output.last_hidden_state[row][mask[row]] for row in range(mask.shape[0])]
         return list(zip(states, batch.spans)), truncated
@@ -564,4 +600,5 @@ class LMKOnnxModel(LMKModel):
         return self.graph.embed_rows(input_ids, attention_mask, landmark_mask)
 
 
-__all__ = ["LMKModel", "LMKOnnxModel", "LMKPreTrainedModel", "LMKOutput", "LMKRequest", "POOLERS", "combine_windows"]
+__all__ = ["LMKModel", "LMKOnnxModel", "LMKPreTrainedModel", "LMKOutput", "LMKRequest", "POOLERS", "combine_windows",
+           "late_chunk_states"]

@@ -62,8 +62,10 @@ class LandmarkBatch:
 
     input_ids, attention_mask, landmark_mask: int64 [B, T]
     truncated: bool [B], True where the text did not fit in max_length
-    spans: per text, the (start, end) character span of the chunk each pooled position closes
-        (only for chunk-aligned poolings, and only when asked for)
+    spans: per text, the (start, end) character span of each chunk: the chunk each pooled position
+        closes (landmark vectors: chunk-aligned poolings only), or every chunk (late chunks); only when asked for
+    chunk_of: int64 [B, T], the chunk (0..n_i-1 within its text) of each content token, -1 at the
+        special tokens and padding (late chunks only, else None)
     """
 
     input_ids: np.ndarray
@@ -74,6 +76,7 @@ class LandmarkBatch:
     max_length: int | None
     spans: list[list[tuple[int, int]]] | None = None
     window_document: np.ndarray | None = None  # [rows]: the text each row (a window) belongs to
+    chunk_of: np.ndarray | None = None
 
     def tensors(self, device=None) -> ModelInputs:
         """The model inputs: int64 [rows, T] tensors (a dict that also carries `truncated`), plus
@@ -113,11 +116,12 @@ def cut_windows(batch: LandmarkBatch, window_length: int, has_start: bool, pad_i
         return batch
     check_window_holds_chunk(window_length, batch.granularity, has_start)
     start = int(bool(has_start))
-    ids_rows, mask_rows, document = [], [], []
+    ids_rows, mask_rows, chunk_rows, document = [], [], [], []
+    chunk_of = batch.chunk_of if batch.chunk_of is not None else np.full_like(batch.input_ids, -1)
     for text, length in enumerate(lengths.tolist()):
-        ids, mask = batch.input_ids[text, :length], batch.landmark_mask[text, :length]
+        ids, mask, chunks = batch.input_ids[text, :length], batch.landmark_mask[text, :length], chunk_of[text, :length]
         if length <= window_length:
-            ids_rows.append(ids), mask_rows.append(mask), document.append(text)
+            ids_rows.append(ids), mask_rows.append(mask), chunk_rows.append(chunks), document.append(text)
             continue
         chunk_ends = np.flatnonzero(mask[start:]) + start + 1  # exclusive end of each chunk, after its landmark
         begin = start
@@ -128,16 +132,20 @@ def cut_windows(batch: LandmarkBatch, window_length: int, has_start: bool, pad_i
             stop = chunk_ends[last]
             ids_rows.append(np.concatenate([ids[:start], ids[begin:stop]]))
             mask_rows.append(np.concatenate([mask[:start] * 0, mask[begin:stop]]))
+            chunk_rows.append(np.concatenate([chunks[:start], chunks[begin:stop]]))
             document.append(text)
             begin = stop
     width = max(len(row) for row in ids_rows)
     input_ids = np.full((len(ids_rows), width), pad_id, dtype=np.int64)
     landmark_mask = np.zeros((len(ids_rows), width), dtype=np.int64)
     attention_mask = np.zeros((len(ids_rows), width), dtype=np.int64)
-    for row, (ids, mask) in enumerate(zip(ids_rows, mask_rows)):
+    window_chunk_of = np.full((len(ids_rows), width), -1, dtype=np.int64)
+    for row, (ids, mask, chunks) in enumerate(zip(ids_rows, mask_rows, chunk_rows)):
         input_ids[row, : len(ids)], landmark_mask[row, : len(ids)], attention_mask[row, : len(ids)] = ids, mask, 1
+        window_chunk_of[row, : len(ids)] = chunks
     return LandmarkBatch(input_ids, attention_mask, landmark_mask, batch.truncated, batch.granularity,
-                         batch.max_length, batch.spans, np.asarray(document, dtype=np.int64))
+                         batch.max_length, batch.spans, np.asarray(document, dtype=np.int64),
+                         window_chunk_of if batch.chunk_of is not None else None)
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,8 @@ class LayoutOptions:
     pooling: the layout's pooling (training gives MultiCLS the CLS layout); granularity: g, already
     drawn for `variable`; splitter: "fixed" or "sentence" (how chunks close); max_length: the token
     budget, landmarks included (None: unbounded); landmark: "sep", "eos" or a literal token.
+    with_spans: the spans of the pooled positions (landmark vectors); with_chunks: every chunk's span
+    and `chunk_of` (late chunks: any pooling, since they pool content tokens, not markers).
     """
 
     pooling: str
@@ -156,6 +166,7 @@ class LayoutOptions:
     landmark: str
     prompt: str | None = None
     with_spans: bool = False
+    with_chunks: bool = False
 
     def checked(self, tokenizer) -> "LayoutOptions":
         """Raise a ValueError for options `tokenizer` cannot lay out; return them unchanged."""
@@ -530,16 +541,21 @@ class LMKTokenizer(PreTrainedTokenizerFast):
         prefix = options.prompt or ""
         full_texts = [prefix + t for t in texts] if prefix else texts
         tokens = _segment(self.content_encodings(full_texts, max_length), full_texts, g, options.splitter,
-                          need_offsets=options.with_spans or options.splitter == "sentence")
+                          need_offsets=options.with_spans or options.with_chunks or options.splitter == "sentence")
         truncated = _truncate(tokens, layout, max_length, has_start, end_id)
         rows = _assemble(tokens, layout, has_start, start_id, end_id, marker_id, final_id,
                          self.pad_token_id if self.pad_token_id is not None else 0)
         landmark_mask = _pooling_mask(tokens, rows, pooling, has_start)
-        spans = None
-        if options.with_spans:
+        spans = chunk_of = None
+        if options.with_spans or options.with_chunks:
             spans = self._chunk_spans(tokens.closes, tokens.text_of, tokens.kept_start, tokens.offsets, rows.empty,
                                       len(prefix), tokens.num_texts)
-        return LandmarkBatch(rows.input_ids, rows.attention_mask, landmark_mask, truncated, g, max_length, spans)
+        if options.with_chunks:
+            chunk_of = np.full_like(rows.input_ids, -1)
+            chunk_of[tokens.text_of, rows.column] = _exclusive_cumsum_per_group(
+                tokens.closes.astype(np.int64), tokens.kept_start, tokens.text_of)
+        return LandmarkBatch(rows.input_ids, rows.attention_mask, landmark_mask, truncated, g, max_length, spans,
+                             chunk_of=chunk_of)
 
     @staticmethod
     def _chunk_spans(closes, text_of, kept_start, offsets, empty, prefix_length, num_texts):
