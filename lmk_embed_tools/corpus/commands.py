@@ -9,6 +9,8 @@ import json
 from lmk_embed.configuration_lmk import LMK_OPTIONS, LONG_INPUTS
 from lmk_embed_tools.commandline import UsageError, check_source, one_line, positive_int
 
+from .encode import OUTPUT_VALUES
+
 # encode()'s per-call options, from the family's spec, that decide how a long document is read (an
 # index reads pages in 256-token windows: docs/long-inputs.md).
 ENCODE_CORPUS_OPTIONS = [option for option in LMK_OPTIONS if option.per_call
@@ -34,7 +36,9 @@ def add_encode_corpus_command(subparsers) -> None:
         parser.add_argument(option.cli_flag, default=None, **kind,
                             help=f"LMK checkpoints: encode()'s `{option.name}` (default: the checkpoint's)")
     parser.add_argument("--prompt-name", default="document", choices=["document", "query"])
-    parser.add_argument("--output-value", default="embedding", choices=["embedding", "landmarks"])
+    parser.add_argument("--output-value", default="embedding", choices=list(OUTPUT_VALUES),
+                        help="embedding: parquet shards of document vectors; landmarks or late_chunks: a LanceDB index "
+                        "of each document's landmark vectors, or of its late chunks (mean token states per chunk)")
     parser.add_argument("--engine", default="local", choices=["local", "ray"])
     parser.add_argument("--num-workers", type=positive_int, default=1)
     parser.add_argument("--shard-size", type=positive_int, default=10_000)

@@ -16,7 +16,10 @@ from . import table as index_table
 from .inputs import CorpusInputError, check_sources, resolve_sources
 
 ENGINES = ("local", "ray")
-OUTPUT_VALUES = ("embedding", "landmarks")
+# The index's units: each document's landmark states, or its late chunks (the mean of each chunk's
+# token states, read in context: any checkpoint, no training); both go into the same multivector column.
+INDEX_OUTPUT_VALUES = ("landmarks", "late_chunks")
+OUTPUT_VALUES = ("embedding", *INDEX_OUTPUT_VALUES)
 DTYPES = ("float32", "float16")
 PROMPT_NAMES = ("document", "query")
 BACKENDS = ("torch", "onnx")
@@ -152,7 +155,7 @@ def _check_output_dir(output_dir: Path, output_value: str) -> dict | None:
     if not output_dir.exists() and existing is not None and not existing.is_dir():
         raise CorpusArgumentError(f"OUTPUT_DIR {str(output_dir)!r} cannot be made: {str(existing)!r} is a file")
     if index_table.is_index(output_dir):
-        if output_value != "landmarks":
+        if output_value not in INDEX_OUTPUT_VALUES:
             raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} holds a landmark index; give another folder for "
                                       "document vectors")
         try:
@@ -174,7 +177,7 @@ def _check_output_dir(output_dir: Path, output_value: str) -> dict | None:
     if manifest is not None and manifest.get("format") != shard_files.FORMAT:
         raise CorpusSettingsError(f"{output_dir / shard_files.MANIFEST} has format {manifest.get('format')!r}, "
                                   f"not {shard_files.FORMAT!r}")
-    if manifest is not None and output_value == "landmarks":
+    if manifest is not None and output_value in INDEX_OUTPUT_VALUES:
         if manifest.get("settings", {}).get("output_value") == "landmarks":
             raise CorpusSettingsError(f"OUTPUT_DIR {str(output_dir)!r} holds a landmark index in the shard format of "
                                       f"an earlier version: convert it (`lmk-embed index convert {output_dir} NEW_DIR`)")
@@ -268,7 +271,7 @@ def encode_corpus(
     job = {"model": identity, "sources": [{**vars(s), "path": os.path.abspath(s.path)} for s in sources],
            "settings": settings, "output_dir": str(output_dir.resolve()), "batch_size": batch_size,
            "id_type": found["id_type"]}
-    run = (_encode_index if output_value == "landmarks" else _encode_shards)
+    run = (_encode_index if output_value in INDEX_OUTPUT_VALUES else _encode_shards)
     done, finish = run(output_dir, plan, previous, record, job)
     skipped = len(done)
     pending = [shard for shard in plan if shard["index"] not in done]

@@ -101,6 +101,9 @@ class ShardEncoder:
             warnings.simplefilter("always")
             if self.settings["output_value"] == "landmarks":
                 embeddings, landmarks = self._landmarks_and_mean(texts, options)
+            elif self.settings["output_value"] == "late_chunks":  # two passes: the document vector is the model's
+                embeddings = self.model.encode(texts, **options)
+                landmarks = self.model.encode(texts, output_value="late_chunks", **options)
             else:
                 embeddings, landmarks = self.model.encode(texts, **options), None
         truncated = None
@@ -159,7 +162,7 @@ class ShardEncoder:
             raise ValueError(f"shard {shard['index']} has no rows")
         empty = sum(is_blank_file(t) if isinstance(t, Path) else not t.strip() for t in texts)
         counts = {"truncated": truncated, "empty": empty, "tokens": tokens}
-        if self.settings["output_value"] == "landmarks":  # one commit to the index's documents table
+        if landmarks[0] is not None:  # an index (landmarks or late chunks): one commit to its documents table
             rows = index_table.shard_rows(shard, ids, [item["text"] for item in landmarks], embeddings,
                                           landmarks, self.settings["dtype"], self._id_type())
             return index_table.write_shard(self.job["output_dir"], shard, rows, counts)

@@ -281,3 +281,23 @@ def test_empty_and_blank_queries_are_refused(corpus, lmk_model):
                              ("json", "`queries` must be a non-empty list of strings"), ([3], "query 1 must be a string, got int")):
         with pytest.raises(SearchError, match=message):
             search_corpus(corpus, queries, model=lmk_model)
+
+
+def test_a_late_chunk_index_holds_and_ranks_the_late_chunks(tmp_path, lmk_checkpoint, lmk_model, pages, capsys):
+    """`--output-value late_chunks`: the same index, whose vectors are `encode(output_value="late_chunks")`
+    (any checkpoint, no training), searched by max-sim, with the chunks' spans as passages."""
+    source = tmp_path / "pages.jsonl"
+    source.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n" for i, t in enumerate(pages)))
+    assert cli.main(["encode-corpus", str(lmk_checkpoint), str(source), str(tmp_path / "index"),
+                     "--output-value", "late_chunks", "--shard-size", "4", "--no-progress"]) == 0
+    index = LandmarkIndex.from_corpus(tmp_path / "index")
+    chunks = lmk_model.encode(pages, output_value="late_chunks")
+    assert index.record["settings"]["output_value"] == "late_chunks"
+    assert index.record["landmarks"] == sum(len(item["spans"]) for item in chunks)
+    queries = lmk_model.encode_query(QUERIES)
+    expected = late_interaction_scores(queries, [item["embeddings"] for item in chunks], "max")
+    np.testing.assert_allclose(index.max_sim(queries), expected, atol=1e-5)
+    for query in index.search(queries, top_k=3):
+        assert all(hit.span == tuple(chunks[hit.row]["spans"][hit.landmark]) for hit in query)
+    landmarks = lmk_model.encode(pages, output_value="landmarks")
+    assert not np.allclose(landmarks[0]["embeddings"], chunks[0]["embeddings"], atol=1e-3)  # another unit
