@@ -11,8 +11,9 @@ document-vector search, then each is scored exactly.
 `lexical` is LanceDB's BM25 over the stored text (its native full-text index). `hybrid` runs both
 legs at once and fuses them over the union of their candidates: min-max convex fusion by default
 (BM25's share is the index's `hybrid_weight`, overridable per call), or reciprocal rank fusion,
-with the same definitions as the evaluation's `fuse_scores` (a candidate the BM25 leg did not
-return scores 0 there, as every document without a query term does).
+with `fuse_scores`, the one fusion (the evaluation's fused rows import it; a candidate the BM25 leg
+did not return scores 0 there, as every document without a query term does). `lmk-embed evaluate
+--through-index` ranks a task's pages with this same search (`evaluation.indexed`).
 
 The index is a record: the table holds each document's text, so a passage is cut from the text that
 was encoded, wherever the search runs. Opening reads the record, the model identity and the table's
@@ -57,11 +58,17 @@ class Hit:
 
 
 def fuse_scores(dense: np.ndarray, sparse: np.ndarray, method: str, weight: float = 0.5, k: int = RRF_K) -> np.ndarray:
-    """dense [Q, N] and sparse (BM25) [Q, N] scores of the same candidates -> fused [Q, N].
+    """dense [Q, N] and sparse (BM25) [Q, N] scores of the same N candidates per query -> fused [Q, N] float32.
 
     minmax: `weight` * s + (1 - `weight`) * d, each side scaled to [0, 1] over the candidates (all
-    equal: 0). rank: 1 / (k + dense rank) + 1 / (k + sparse rank), ties sharing the best rank.
-    The evaluation's fusion (`evaluation.retrievers.fuse_scores`), which a test holds this equal to."""
+    equal: 0). rank: reciprocal rank fusion, 1 / (k + dense rank) + 1 / (k + sparse rank), ranks from
+    1 and tied scores sharing the best rank (BM25 gives many candidates 0); `weight` is not used.
+    The one fusion: a hybrid search fuses its candidates with it, and the evaluation's in-memory
+    fused rows (`evaluation.retrievers.FusedRetriever`) fuse every page with it."""
+    if dense.shape != sparse.shape or dense.ndim != 2:
+        raise ValueError(f"dense and sparse scores must both be [Q, N], got {dense.shape} and {sparse.shape}")
+    if method not in FUSIONS:
+        raise ValueError(f"`method` must be one of {list(FUSIONS)}, got {method!r}")
     if method == "rank":
         def ranks(scores):
             ordered = np.sort(-scores, axis=1)

@@ -17,12 +17,10 @@ from contextlib import contextmanager
 import numpy as np
 
 from lmk_embed.encoding import position_table_limit
+from lmk_embed_tools.corpus.search import FUSIONS, fuse_scores  # the one fusion: `search` and `serve` fuse with it
 from lmk_embed_tools.window_vectors import check_first_window_weight, embed_windows, first_weighted_means, normalize
 
 from .cache import EmbeddingCache, cache_key, data_hash, model_hash
-
-FUSIONS = ("rank", "minmax")
-RRF_K = 60  # reciprocal rank fusion's constant, as its authors (Cormack et al., 2009) and most hybrids use
 
 
 def _is_sentence_transformer(model) -> bool:
@@ -260,31 +258,6 @@ class BM25Retriever:
         scores = np.stack([retriever.get_scores(tokens) for tokens in tokenized]).astype(np.float32)
         self.scoring_seconds = time.perf_counter() - started
         return scores
-
-
-def fuse_scores(dense: np.ndarray, sparse: np.ndarray, method: str, weight: float = 0.5, k: int = RRF_K) -> np.ndarray:
-    """Per query, the scores of the same N candidates from two retrievers, dense [Q, N] and sparse [Q, N]
-    (BM25), -> fused [Q, N] float32.
-
-    rank: reciprocal rank fusion, 1 / (k + dense rank) + 1 / (k + sparse rank), ranks from 1 and tied
-    scores sharing the best rank (BM25 gives many candidates 0); `weight` is not used.
-    minmax: `weight` * s + (1 - `weight`) * d, where s and d are each query's scores scaled to [0, 1]
-    over the candidates (a query whose scores are all equal gets 0 from that side)."""
-    if dense.shape != sparse.shape or dense.ndim != 2:
-        raise ValueError(f"dense and sparse scores must both be [Q, N], got {dense.shape} and {sparse.shape}")
-    if method == "rank":
-        def ranks(scores):
-            ordered = np.sort(-scores, axis=1)
-            return 1 + np.stack([np.searchsorted(row, -values, side="left") for row, values in zip(ordered, scores)])
-
-        return (1.0 / (k + ranks(dense)) + 1.0 / (k + ranks(sparse))).astype(np.float32)
-    if method == "minmax":
-        def scaled(scores):
-            low, high = scores.min(1, keepdims=True), scores.max(1, keepdims=True)
-            return np.where(high > low, (scores - low) / np.where(high > low, high - low, 1), 0.0)
-
-        return (weight * scaled(sparse) + (1 - weight) * scaled(dense)).astype(np.float32)
-    raise ValueError(f"`method` must be one of {FUSIONS}, got {method!r}")
 
 
 def check_fuse_weight(weight) -> float:
