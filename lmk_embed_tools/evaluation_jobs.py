@@ -59,9 +59,14 @@ def add_evaluate_command(subparsers) -> None:
     parser.add_argument("--windows", nargs="*", default=None, metavar="NAME",
                         help="also the windows-mean (PCW) and windows-max baselines: for the models named (row names), "
                              "or for every model when none is named")
-    parser.add_argument("--window", type=positive_int, default=None,
+    parser.add_argument("--window", type=positive_int, nargs="+", default=None,
                         help="--windows: tokens per window (default: a SentenceTransformer's max_seq_length, "
-                             "our models' original positions)")
+                             "our models' original positions); several: rows for each, the first named plainly")
+    parser.add_argument("--late-chunks", nargs="*", default=None, metavar="NAME",
+                        help="also late chunking (no training): token states in windows of the first --window, "
+                             "mean-pooled over spans of --chunk-tokens, max over the spans; for the models named, "
+                             "or every model when none is named")
+    parser.add_argument("--chunk-tokens", type=positive_int, default=64, help="--late-chunks: tokens per span")
     parser.add_argument("--schedule", default=None, choices=SCHEDULES,
                         help="recurrent models: the inference schedule (default: the checkpoint's)")
     parser.add_argument("--queries", type=positive_int, default=50, help="synthetic, deep:* and genre:* tasks: queries (per length)")
@@ -256,16 +261,18 @@ def evaluation_rows(args: argparse.Namespace, per_query: bool = False) -> tuple[
         count_tokens = token_counter(next(iter(models.values())).tokenizer) if models else None
     jobs = task_jobs(args, count_tokens)
     cache_dir = None if args.no_cache else (args.cache_dir or Path(args.out) / "cache")
-    if args.windows:
-        unknown = sorted(set(args.windows) - set(names))
+    for flag, named in (("--windows", args.windows), ("--late-chunks", args.late_chunks)):
+        unknown = sorted(set(named or ()) - set(names))
         if unknown:
-            raise UsageError(f"--windows: {unknown} are not among the models' names {names}")
+            raise UsageError(f"{flag}: {unknown} are not among the models' names {names}")
     retrievers = build_retrievers(models, batch_size=args.batch_size, granularities=args.granularities,
                                   multi_vector=args.multi_vector, landmark_groups=args.landmark_groups,
                                   schedule=args.schedule, bm25=args.bm25,
                                   long_inputs=args.long_input,
                                   windows=None if args.windows is None else (args.windows or list(models)), window=args.window,
-                                  window_lengths=args.window_length, fuse=args.fuse, fuse_weights=args.fuse_weight)
+                                  window_lengths=args.window_length, fuse=args.fuse, fuse_weights=args.fuse_weight,
+                                  late_chunks=None if args.late_chunks is None else (args.late_chunks or list(models)),
+                                  chunk_tokens=args.chunk_tokens)
     pairs = parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
     rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=per_query or bool(pairs))
     return rows, paired_comparisons(rows, pairs), models

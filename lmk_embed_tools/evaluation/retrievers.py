@@ -18,7 +18,8 @@ import numpy as np
 
 from lmk_embed.encoding import position_table_limit
 from lmk_embed_tools.corpus.search import FUSIONS, fuse_scores  # the one fusion: `search` and `serve` fuse with it
-from lmk_embed_tools.window_vectors import check_first_window_weight, embed_windows, first_weighted_means, normalize
+from lmk_embed_tools.window_vectors import (check_first_window_weight, embed_windows, first_weighted_means, normalize,
+                                            window_texts)
 
 from .cache import EmbeddingCache, cache_key, data_hash, model_hash
 
@@ -237,6 +238,52 @@ class WindowsRetriever(DenseRetriever):
         return scores
 
 
+class LateChunksRetriever(WindowsRetriever):
+    """Late chunking (Günther et al., arXiv 2409.04701), a row any model gets with no training: each
+    document's first `max_length` tokens read in windows of `window` tokens, and each window's token
+    states mean-pooled over spans of `chunk` content tokens; a document scores its best span.
+
+    Our LMK models give the spans through `encode(output_value="late_chunks")` (windows of whole
+    chunks, g = `chunk`); a SentenceTransformer (the untouched base) through its own token embeddings
+    (`output_value="token_embeddings"`) of each window, [CLS] and [SEP] left out of the spans."""
+
+    def __init__(self, model, name: str, chunk: int = 64, window: int | None = None, **kwargs):
+        super().__init__(model, name, mode="max", window=window, **kwargs)
+        if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
+            raise ValueError(f"`chunk` must be a positive integer, got {chunk!r}")
+        self.chunk = int(chunk)
+
+    def settings(self, max_length: int, **extra) -> dict:
+        return {**super().settings(max_length, **extra), "late_chunks": self.chunk}
+
+    def window_vectors(self, documents: dict[str, str], max_length: int, cache: EmbeddingCache) -> list[np.ndarray]:
+        """Per document, its unit span vectors [n_i, D]; cached."""
+        key = self.corpus_key(documents, max_length, windows=True)
+        return cache.get_or_compute(key, lambda: self._span_vectors(list(documents.values()), max_length))
+
+    def _span_vectors(self, texts: list[str], max_length: int) -> list[np.ndarray]:
+        if not _is_sentence_transformer(self.model):
+            out = self._encode("encode_document", texts, max_length, output_value="late_chunks", long_input="windows",
+                               window_length=self.window, granularity=self.chunk, normalize=True)
+            return [np.asarray(item["embeddings"], dtype=np.float32) for item in out]
+        content = window_content(self.model, self.window)
+        pieces = [window_texts(self.model.tokenizer, text, content, max_length) for text in texts]
+        states = self._encode("encode_document", [p for windows in pieces for p in windows], self.window,
+                              output_value="token_embeddings")
+        spans, cursor = [], 0
+        for windows in pieces:
+            vectors = []
+            for tokens in states[cursor:cursor + len(windows)]:
+                tokens = np.asarray(tokens.float().cpu(), dtype=np.float32)
+                inner = tokens[1:-1]  # the window's content tokens, without [CLS] and [SEP]
+                vectors += [inner[start:start + self.chunk].mean(0) for start in range(0, len(inner), self.chunk)]
+                if not len(inner):  # an empty text: its one vector is the mean of its states, as for our models
+                    vectors.append(tokens.mean(0))
+            cursor += len(windows)
+            spans.append(normalize(np.stack(vectors)))
+        return spans
+
+
 class BM25Retriever:
     """BM25 (bm25s, English stopwords) over whole documents: the sanity baseline; it reads every token."""
 
@@ -326,15 +373,17 @@ def fused_retrievers(retrievers: list, fuse=(), weights=(0.5,)) -> list:
 
 def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, multi_vector: bool = False,
                      schedule: str | None = None, bm25: bool = False, long_inputs=None, windows=None,
-                     window: int | None = None, window_lengths=None, landmark_groups=(1,), fuse=(),
-                     fuse_weights=(0.5,)) -> list:
+                     window=None, window_lengths=None, landmark_groups=(1,), fuse=(),
+                     fuse_weights=(0.5,), late_chunks=None, chunk_tokens: int = 64) -> list:
     """The rows of a length curve: a `DenseRetriever` per model ({row name: model}); for LMK models one
     per inference granularity in `granularities` and per long-input schedule in `long_inputs`
     (landmark-pooled models; the row name then ends in it; `windows` once per W in `window_lengths`)
     and, with `multi_vector`, landmark max and
     hybrid rows from the same pass (max once per group size in `landmark_groups`); recurrent models take `schedule`. The models named in `windows` (or
     every model, for `windows=True`) also get the windows-mean and windows-max rows (windows of `window`
-    tokens, default `default_window`).
+    tokens, default `default_window`; with several, the first names the rows plainly and the others add
+    " W=..."). The models named in `late_chunks` (or every model, for True) get a late-chunking row:
+    spans of `chunk_tokens` tokens in windows of the first `window`, max over the spans.
     BM25 after them when asked for (or fused); then, per method in `fuse`, every other row fused with
     BM25 (`fused_retrievers`, min-max once per weight in `fuse_weights`)."""
     retrievers = []
@@ -363,10 +412,16 @@ def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, m
                                                                batch_size=batch_size, **options))
                     retrievers.append(MultiVectorRetriever(model, f"{label} multi-vector hybrid", mode="hybrid",
                                                            batch_size=batch_size, **options))
+        sizes = list(window) if isinstance(window, (list, tuple)) else [window]
         if windows is True or (windows and name in windows):
-            for mode in ("mean", "max"):
-                retrievers.append(WindowsRetriever(model, f"{name} windows-{mode}", mode=mode, window=window,
-                                                   batch_size=batch_size))
+            for index, size in enumerate(sizes):
+                suffix = f" W={size}" if index else ""
+                for mode in ("mean", "max"):
+                    retrievers.append(WindowsRetriever(model, f"{name} windows-{mode}{suffix}", mode=mode, window=size,
+                                                       batch_size=batch_size))
+        if late_chunks is True or (late_chunks and name in late_chunks):
+            retrievers.append(LateChunksRetriever(model, f"{name} late chunks {chunk_tokens}", chunk=chunk_tokens,
+                                                  window=sizes[0], batch_size=batch_size))
     if bm25 or fuse:
         retrievers.append(BM25Retriever())
     return fused_retrievers(retrievers, fuse, fuse_weights)
