@@ -45,6 +45,10 @@ def add_evaluate_command(subparsers) -> None:
     parser.add_argument("--fuse-weight", type=float, nargs="+", default=None, metavar="W",
                         help="--fuse minmax: BM25's weight W in [0, 1], one row per W (default 0.5, chosen on the "
                              "validation task deep:systems; give several to choose there)")
+    parser.add_argument("--through-index", action="store_true",
+                        help="LMK models: also rank each task as `lmk-embed search` ranks it: its pages encoded by "
+                             "encode-corpus --output-value landmarks into a temporary LanceDB index; rows 'NAME max-sim "
+                             "[index]', 'BM25 [index]' (with --bm25 or --fuse) and per --fuse their hybrid")
     parser.add_argument("--multi-vector", action="store_true",
                         help="LMK models: also score by max over landmarks, and the max+mean hybrid")
     parser.add_argument("--landmark-groups", type=positive_int, nargs="+", default=[1], metavar="K",
@@ -273,6 +277,14 @@ def evaluation_rows(args: argparse.Namespace, per_query: bool = False) -> tuple[
                                   window_lengths=args.window_length, fuse=args.fuse, fuse_weights=args.fuse_weight,
                                   late_chunks=None if args.late_chunks is None else (args.late_chunks or list(models)),
                                   chunk_tokens=args.chunk_tokens)
+    if args.through_index:
+        from lmk_embed_tools.evaluation.indexed import indexed_retrievers
+
+        try:
+            retrievers += indexed_retrievers(models, dict(zip(names, paths)), bm25=args.bm25, fuse=args.fuse,
+                                             fuse_weights=args.fuse_weight, batch_size=args.batch_size)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     pairs = parse_comparisons(args.compare, [r.name for r in retrievers], args.max_lengths)
     rows = evaluate_jobs(retrievers, jobs, cache_dir=cache_dir, per_query=per_query or bool(pairs))
     return rows, paired_comparisons(rows, pairs), models

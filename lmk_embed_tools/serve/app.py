@@ -213,7 +213,7 @@ class Guard:
 async def read_json(request: Request, limits: Limits):
     """The body as JSON, read while it streams in: 413 past `max_body_bytes` (a declared
     content-length over it before a byte is read), 408 when it has not all arrived within
-    `read_timeout_s`, 400 when it is cut off, not UTF-8 or not JSON."""
+    `read_timeout_s`, 400 when it is cut off, not UTF-8 or not JSON (`protocol.parse_json`)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -238,10 +238,7 @@ async def read_json(request: Request, limits: Limits):
         raise ApiError(f"the request body was cut off after {size} bytes", code="incomplete_body") from None
     if declared is not None and size != declared:
         raise ApiError(f"the request body ended after {size} of its {declared} bytes", code="incomplete_body")
-    try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ApiError(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    return protocol.parse_json(b"".join(chunks))
 
 
 # Routes by path (others are counted as "other" in the metrics).

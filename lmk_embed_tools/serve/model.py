@@ -74,7 +74,7 @@ class ServedModel:
             return None
         try:
             return self.model.resolve(prompt=self.prompt(request), **options)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, OverflowError) as error:
             message = str(error)
             param = next((name for name in options if f"`{name}`" in message or f"{name}=" in message),
                          next(iter(options), None))
@@ -94,7 +94,27 @@ class ServedModel:
         model_limit = getattr(resolved, "max_length", None)
         if model_limit is not None:
             self._check_model_limit(request, resolved)
+        if getattr(resolved, "long_input", None) == "windows":
+            self._check_window(request, resolved)
         return tokens
+
+    def _check_window(self, request: EmbeddingRequest, resolved) -> None:
+        """400 naming `window_length` when a window too small to hold one chunk (the model's own rule,
+        `check_window_holds_chunk`) would have to cut a text: the model lets such a window read a text
+        that fits it, and raises only while cutting one, so the texts are laid out (only then) as
+        `encode()` lays them out, here, before any model work."""
+        from lmk_embed.tokenization_lmk import check_window_holds_chunk
+
+        has_start = self.model.tokenizer.start_token_id is not None
+        try:
+            check_window_holds_chunk(resolved.window_length, resolved.layout.granularity, has_start)
+            return
+        except ValueError:
+            pass
+        try:
+            self.model.tokenize(list(request.texts), resolved)
+        except ValueError as error:
+            raise ApiError(str(error), param="window_length", code="invalid_value") from None
 
     def _check_model_limit(self, request: EmbeddingRequest, resolved) -> None:
         """413 for the first text the model would cut at its `max_length` (its layout, specials and prompt in)."""

@@ -9,9 +9,11 @@ replica only ever sees a checked `EmbeddingRequest`, so nothing a client sends c
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 ENCODING_FORMATS = ("float", "base64")
 INPUT_TYPES = ("query", "document")
@@ -19,6 +21,13 @@ SEARCH_MODES = ("dense", "lexical", "hybrid")
 SEARCH_FUSIONS = ("minmax", "rank")
 # Fields OpenAI's clients send that change nothing here.
 IGNORED_FIELDS = ("user",)
+# The largest integer a per-request option takes (they are token counts and sizes): past it the
+# tokenizer's int64 arithmetic overflows, so a bigger one is a 400 naming the option.
+MAX_OPTION_INTEGER = 2**31 - 1
+# The most digits a JSON integer may have where it is parsed into a Python int (past it: `OversizeNumber`).
+MAX_INTEGER_DIGITS = 19
+# How deep a request body may nest (orjson's own limit): deeper is 400 `invalid_json`.
+MAX_JSON_DEPTH = 1024
 
 
 @dataclass(frozen=True)
@@ -79,9 +88,58 @@ class EmbeddingRequest:
         return (self.kind, self.task, self.options)
 
 
+class OversizeNumber:
+    """A JSON number no request field can take (an integer of more than `MAX_INTEGER_DIGITS` digits,
+    or one past a double's range), kept as a marker so that the check of the field it sits in
+    refuses it by name (400), as it refuses a string where a number belongs."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"a number of {self.digits} digits"
+
+
+def kind_of(value) -> str:
+    """What a wrong value is, for a message: its JSON type, or the size of an `OversizeNumber`."""
+    return repr(value) if isinstance(value, OversizeNumber) else type(value).__name__
+
+
+def _number(text: str):
+    return int(text) if len(text.lstrip("-")) <= MAX_INTEGER_DIGITS else OversizeNumber(text)
+
+
+def _float(text: str):
+    value = float(text)
+    return value if value - value == 0 else OversizeNumber(text)  # inf (1e400) is no number a field takes
+
+
+def _refuse_constant(name: str):
+    raise ApiError(f"the request body is not valid JSON: {name} is not a JSON number", code="invalid_json")
+
+
+def parse_json(body: bytes):
+    """The request body as JSON, with orjson (400 `invalid_json` for a body that is not JSON or nests
+    deeper than `MAX_JSON_DEPTH`). A number orjson cannot hold (an integer past a double's range)
+    is read again with the standard library, kept as an `OversizeNumber`: the field holding it is
+    then refused by name instead of the whole body."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        message = str(error)
+    if message.startswith("depth limit exceeded"):
+        raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+    if not message.startswith("number"):
+        raise ApiError(f"the request body is not valid JSON: {message}", code="invalid_json")
+    try:
+        return json.loads(body, parse_int=_number, parse_float=_float, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ApiError(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+
+
 def check_object(body) -> dict:
     if not isinstance(body, dict):
-        raise ApiError(f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_body")
+        raise ApiError(f"the request body must be a JSON object, got {kind_of(body)}", code="invalid_body")
     return body
 
 
@@ -99,7 +157,7 @@ def check_texts(value, param: str = "input", max_items: int | None = None) -> tu
         raise ApiError(f"`{param}` is required: a string or a list of strings", param=param, code="missing_field")
     texts = [value] if isinstance(value, str) else value
     if not isinstance(texts, list):
-        raise ApiError(f"`{param}` must be a string or a list of strings, got {type(value).__name__}", param=param,
+        raise ApiError(f"`{param}` must be a string or a list of strings, got {kind_of(value)}", param=param,
                        code="invalid_type")
     if not texts:
         raise ApiError(f"`{param}` is an empty list: give at least one text", param=param, code="empty_input")
@@ -109,7 +167,7 @@ def check_texts(value, param: str = "input", max_items: int | None = None) -> tu
                        code="too_many_inputs")
     for index, text in enumerate(texts):
         if not isinstance(text, str):  # token-id arrays included: the server tokenizes with the checkpoint's own tokenizer
-            raise ApiError(f"`{param}[{index}]` must be a string, got {type(text).__name__} (token arrays are not "
+            raise ApiError(f"`{param}[{index}]` must be a string, got {kind_of(text)} (token arrays are not "
                            "taken: send text)", param=param, code="invalid_type")
         try:
             text.encode("utf-8")
@@ -149,8 +207,11 @@ def check_options(body: dict, per_request: tuple[str, ...], fixed: tuple[str, ..
         if value is None:
             continue
         if not isinstance(value, (str, int, float, bool)):
-            raise ApiError(f"`{name}` must be a number, a string or a boolean, got {type(value).__name__}",
+            raise ApiError(f"`{name}` must be a number, a string or a boolean, got {kind_of(value)}",
                            param=name, code="invalid_type")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_OPTION_INTEGER:
+            raise ApiError(f"`{name}` must be at most {MAX_OPTION_INTEGER}, got {value}", param=name,
+                           code="invalid_value")
         options.append((name, value))
     return tuple(sorted(options))
 

@@ -241,3 +241,61 @@ def test_recurrent_per_request_options_are_encode_arguments_and_fixed_ones_are_r
                  "unknown_field", "granularity")
     assert_error(call(api, "POST", "/v1/embeddings", embed_body("x", block_size=-1), key=None), 400,
                  "invalid_value", "block_size")
+
+
+ROOMY = Limits(max_body_bytes=1_000_000, max_input_tokens=4000, max_request_tokens=8000)
+
+
+@pytest.fixture(scope="module")
+def roomy(lmk_checkpoint):
+    """The tiny LMK checkpoint (g=8) under limits that let a 300-token text and a 5,000-digit number through."""
+    from lmk_embed_tools.serve.model import ServedModel
+
+    return ServedModel(str(lmk_checkpoint), "tiny", max_input_tokens=ROOMY.max_input_tokens,
+                       max_request_tokens=ROOMY.max_request_tokens, num_threads=1)
+
+
+def raw_body(fields: str) -> bytes:
+    """A body written by hand: `fields` JSON after the model and a text."""
+    return ('{"model": "tiny", "input": "x", ' + fields + "}").encode()
+
+
+BAD_VALUES = [
+    # (name, body bytes, code, param): each a 400 naming the field (or the body), never a 500
+    ("JSON nested too deep", ('{"model": "tiny", "input": ' + "[" * 5000 + "]" * 5000 + "}").encode(), "invalid_json",
+     None),
+    ("JSON nested too deep, as a list", ("[" * 100_000 + "]" * 100_000).encode(), "invalid_json", None),
+    ("a 5,000-digit integer", raw_body('"dimensions": ' + "7" * 5000), "invalid_value", "dimensions"),
+    ("a 5,000-digit integer as an option", raw_body('"granularity": ' + "7" * 5000), "invalid_type", "granularity"),
+    ("a 5,000-digit integer as a text", b'{"model": "tiny", "input": [' + b"7" * 5000 + b"]}", "invalid_type", "input"),
+    ("a number past a double", raw_body('"granularity": 1e400'), "invalid_type", "granularity"),
+    ("NaN", raw_body('"granularity": NaN'), "invalid_json", None),
+    ("granularity 2**70", raw_body(f'"granularity": {2**70}'), "invalid_value", "granularity"),
+    ("granularity 2**64 - 1", raw_body(f'"granularity": {2**64 - 1}'), "invalid_value", "granularity"),
+    ("granularity 2**63", raw_body(f'"granularity": {2**63}'), "invalid_value", "granularity"),
+    ("window_length 3 on a 300-token text", json.dumps(embed_body(words(300), long_input="windows",
+                                                                  window_length=3)).encode(), "invalid_value",
+     "window_length"),
+    ("window_length 9 (g + 1) on a 300-token text", json.dumps(embed_body(words(300), long_input="windows",
+                                                                          window_length=9)).encode(),
+     "invalid_value", "window_length"),
+    ("window_length 2**31", json.dumps(embed_body("x", long_input="windows", window_length=2**31)).encode(),
+     "invalid_value", "window_length"),
+]
+
+
+@pytest.mark.parametrize("name, content, code, param", BAD_VALUES, ids=[row[0] for row in BAD_VALUES])
+def test_every_bad_value_is_a_400_naming_its_field(roomy, name, content, code, param):
+    _, api = app_for(roomy, ROOMY)
+    response = call(api, "POST", "/v1/embeddings", content=content, headers={"content-type": "application/json"})
+    assert_error(response, 400, code, param)
+    assert_healthy(api)
+
+
+def test_a_window_too_small_for_a_chunk_still_reads_a_text_that_fits_it_as_encode_does(roomy, lmk_model):
+    """The model applies its window rule only to a text it must cut: a short text is read whole."""
+    _, api = app_for(roomy, ROOMY)
+    response = call(api, "POST", "/v1/embeddings", embed_body("zip", long_input="windows", window_length=3))
+    assert response.status_code == 200, response.text
+    expected = lmk_model.encode(["zip"], long_input="windows", window_length=3, show_progress_bar=False)
+    assert np.abs(np.asarray(response.json()["data"][0]["embedding"]) - expected[0]).max() <= 1e-6
