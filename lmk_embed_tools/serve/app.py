@@ -1,22 +1,22 @@
-"""The HTTP side of `lmk-embed serve`: a FastAPI app over one `ServedModel` (`build_api`), and the Ray
-Serve deployment that runs it on each replica (`EmbeddingServer`).
+"""The HTTP side of `lmk-embed serve`: one FastAPI app over one `ServedModel` (`build_api`), run
+by uvicorn in one process (`build_local_api`, the default) or by each replica of a Ray Serve
+deployment (`EmbeddingServer`, with --replicas, --address or --proxy-location).
 
 Every request gets an id (the `x-request-id` header of its answer). `Guard` checks the API key
 before anything else, holds the request to its deadline (504), and answers an unexpected fault with
-500 "internal error" and the id, the trace going to the replica's log under that id. The embedding
-routes read the body against the byte limit while it streams in (413) and within the read timeout
-(408), parse and count it (`protocol`, `ServedModel.check`), take a place in the replica's bounded
-queue (429 with `retry-after` when it is full) and only then reach the model. On a replica,
-`@serve.batch` gathers the requests that arrive within `batch_wait_ms` (at most `max_batch_size`)
-into one `ServedModel.embed` call, which hands each request back exactly its own rows. The model
-runs on the replica's one model thread, so the replica keeps answering (and counting the next
-requests, in other threads) while it computes.
+500 "internal error" and the id, the trace going to the log under that id. The model routes read
+the body against the byte limit while it streams in (413) and within the read timeout (408), parse
+and count it (`protocol`, `ServedModel.check`), take a place in the bounded queue (429 with
+`retry-after` when it is full) and only then hand it to the model thread (`batching.Batcher`), which
+batches the embeddings queued together into one `ServedModel.embed` call and hands each request
+back exactly its own rows. All of this runs on the event loop or, for the token count, a worker
+thread, and never waits for the model. A request whose client hangs up is cancelled, and its work
+dropped where it has not started.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (`Request`) as types.
 import asyncio
 import collections
-import concurrent.futures
 import hashlib
 import hmac
 import json
@@ -27,12 +27,13 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from . import protocol
+from .batching import Batcher
 from .protocol import ApiError, Limits
 
 logger = logging.getLogger("lmk_embed_tools.serve")
@@ -99,30 +100,28 @@ class Metrics:
 
 
 class Frontend:
-    """What the routes of one replica share: the model (`ServedModel`), the `Limits`, the key's digest
-    (None: no key), the metrics, and `embed(request, deadline) -> vectors`, the model call (on a
-    replica a batched one; by default one request at a time in a worker thread). `queued` counts the
-    embedding requests admitted and not yet answered (`Limits.max_queued_requests` at most)."""
+    """What the routes of one server (or replica) share: the model (`ServedModel`), the `Limits`, the
+    key's digest (None: no key), the metrics, the model thread (`Batcher`, batches of at most
+    `max_batch_size` requests, waiting up to `batch_wait_ms` for more), and `embed(request, deadline)
+    -> vectors` (the batcher's, or a stand-in the tests give). `queued` counts the model requests
+    (embeddings, landmarks, searches) admitted and not yet answered (`Limits.max_queued_requests` at
+    most)."""
 
     def __init__(self, served, limits: Limits, api_key_digest: bytes | None = None, embed=None,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, max_batch_size: int = 32, batch_wait_ms: float = 0.0):
         self.served, self.limits, self.api_key_digest = served, limits, api_key_digest
-        self.embed = embed or self.embed_alone
         self.metrics = metrics or Metrics()
+        self.batcher = Batcher(served, max_batch_size, batch_wait_ms / 1000, on_batch=self.metrics.batch)
+        self.embed = embed or self.batcher.embed
         self.queued = 0
         self.created = int(time.time())
-        self.model_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-        self.where: dict = {}  # on a replica: its id and node, for /health
-        self.behind_proxy = False  # on a replica: Ray Serve's proxy gives each request its id
-        self.logger = logger  # on a replica: Ray Serve's, which writes the replica's log file
-
-    async def embed_alone(self, request: protocol.EmbeddingRequest, deadline: float):
-        return (await self.run_model(self.served.embed, [request]))[0]
+        self.where: dict = {}  # on a Ray replica: its id and node, for /health
+        self.behind_proxy = False  # on a Ray replica: Ray Serve's proxy gives each request its id
+        self.logger = logger  # on a Ray replica: Ray Serve's, which writes the replica's log file
 
     async def run_model(self, function, *args):
-        """`function(*args)` on the replica's one model thread: model work runs one call at a time and
-        never waits for a thread behind the requests being counted (those use asyncio's default pool)."""
-        return await asyncio.get_running_loop().run_in_executor(self.model_thread, function, *args)
+        """`function(*args, alive=...)` on the model thread, in its turn after the work queued before it."""
+        return await self.batcher.call(function, *args, deadline=time.monotonic() + self.limits.request_timeout_s)
 
     def authorized(self, headers) -> bool:
         if self.api_key_digest is None:
@@ -132,11 +131,55 @@ class Frontend:
         return hmac.compare_digest(digest, self.api_key_digest) and scheme.lower() == "bearer"
 
     def check_room(self) -> None:
-        """429 at once when the replica already holds `max_queued_requests` embedding requests."""
+        """429 at once when the server already holds `max_queued_requests` model requests."""
         if self.queued >= self.limits.max_queued_requests:
-            raise ApiError(f"the server is busy: this replica holds {self.queued} requests, its limit "
+            raise ApiError(f"the server is busy: it holds {self.queued} requests, its limit "
                            "(--max-queued-requests); retry after the time in `retry-after`", status=429,
                            type="rate_limit_error", code="server_busy", headers={"retry-after": str(RETRY_AFTER_S)})
+
+    async def hold(self, request: Request, work):
+        """`await work` holding a place in the queue; cancelled (499) when the client hangs up first.
+        Behind Ray Serve's proxy, the proxy cancels a request whose client has gone."""
+        self.queued += 1
+        try:
+            if self.behind_proxy:
+                return await work
+            return await unless_client_leaves(request, work)
+        finally:
+            self.queued -= 1
+
+
+class ClientGone(ApiError):
+    def __init__(self):
+        super().__init__("the client closed the connection before the answer", status=499,
+                         code="client_closed_request")
+
+
+async def unless_client_leaves(request: Request, work):
+    """`await work`, unless the client hangs up first (ASGI's `http.disconnect`, which the server sends
+    once the body has been read and the connection closes): then `work` is cancelled (its model work
+    dropped where it has not started) and `ClientGone` raised."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():  # cancelled above: it ends at its next step
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def json_response(content: dict) -> Response:
+    """A 200 whose body orjson writes (`protocol.dump_json`): FastAPI's own path would walk every float."""
+    return Response(protocol.dump_json(content), media_type="application/json")
 
 
 def error_response(error: ApiError) -> JSONResponse:
@@ -277,55 +320,45 @@ def add_model_routes(api: FastAPI, frontend: Frontend) -> None:
     """/v1/embeddings, /v1/landmarks and /v1/search: checked, counted, queued, then the model."""
     served, limits = frontend.served, frontend.limits
 
-    async def checked_embedding_request(request: Request, landmarks: bool = False):
-        """A parsed, counted embedding request, admitted to the queue: (request, tokens)."""
-        frontend.check_room()  # before the body is read: a full replica answers at once
+    async def admitted(request: Request, count, parsed) -> int:
+        """`parsed`'s tokens (`count(parsed)`, 413 over the limits), counted in a worker thread beside the
+        event loop, and a place in the queue still free (429)."""
+        tokens = await asyncio.to_thread(count, parsed)
+        frontend.check_room()
+        return tokens
+
+    async def embedding_request(request: Request, landmarks: bool = False):
+        frontend.check_room()  # before the body is read: a full server answers at once
         parsed = protocol.parse_embeddings(await read_json(request, limits), served.name, served.dimension,
                                            served.family, landmarks, served.per_request, served.fixed,
                                            limits.max_inputs)
-        tokens = await asyncio.to_thread(served.check, parsed)
-        frontend.check_room()
-        return parsed, tokens
+        return parsed, await admitted(request, served.check, parsed)
 
     @api.post("/v1/embeddings")
     async def embeddings(request: Request):
-        parsed, tokens = await checked_embedding_request(request)
-        frontend.queued += 1
-        try:
-            vectors = await frontend.embed(parsed, time.monotonic() + limits.request_timeout_s)
-        finally:
-            frontend.queued -= 1
+        parsed, tokens = await embedding_request(request)
+        vectors = await frontend.hold(request, frontend.embed(parsed, time.monotonic() + limits.request_timeout_s))
         frontend.metrics.tokens(tokens)
-        return protocol.embeddings_response(vectors, parsed, served.name, tokens)
+        return json_response(protocol.embeddings_response(vectors, parsed, served.name, tokens))
 
     @api.post("/v1/landmarks")
     async def landmarks(request: Request):
-        parsed, tokens = await checked_embedding_request(request, landmarks=True)
-        frontend.queued += 1
-        try:
-            output = await frontend.run_model(served.landmarks, parsed)
-        finally:
-            frontend.queued -= 1
+        parsed, tokens = await embedding_request(request, landmarks=True)
+        output = await frontend.hold(request, frontend.run_model(served.landmarks, parsed))
         frontend.metrics.tokens(tokens)
-        data = [{"object": "landmarks", "index": index,
-                 "landmarks": [{"embedding": protocol.encode_vector(vector, parsed.encoding_format), "span": span}
-                               for vector, span in zip(item["embeddings"], item["spans"])]}
-                for index, item in enumerate(output)]
-        return {"object": "list", "data": data, "model": served.name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return json_response(protocol.landmarks_response(output, parsed, served.name, tokens))
 
     @api.post("/v1/search")
     async def search(request: Request):
         frontend.check_room()
-        parsed = protocol.parse_search(await read_json(request, limits), served.name)
-        frontend.queued += 1
-        try:
-            results = await frontend.run_model(served.search, parsed)
-        finally:
-            frontend.queued -= 1
-        return {"object": "list", "model": served.name, "mode": parsed.mode,
-                "data": [{"object": "search_result", "index": index, "query": query, "hits": hits}
-                         for index, (query, hits) in enumerate(zip(parsed.queries, results))]}
+        parsed = protocol.parse_search(await read_json(request, limits), served.name, limits.max_inputs)
+        if served.index is None:
+            raise ApiError("this server has no index: start it with --index DIR (an encode-corpus --output-value "
+                           "landmarks folder)", status=404, code="no_index")
+        tokens = await admitted(request, served.check_queries, parsed)
+        results = await frontend.hold(request, frontend.run_model(served.search, parsed))
+        frontend.metrics.tokens(tokens)
+        return json_response(protocol.search_response(results, parsed, served.name))
 
 
 def add_info_routes(api: FastAPI, frontend: Frontend) -> None:
@@ -345,49 +378,42 @@ def add_info_routes(api: FastAPI, frontend: Frontend) -> None:
         return {"status": "ok", "model": served.name, **frontend.where, "pid": os.getpid(), "queued": frontend.queued}
 
 
+def build_local_api(settings: dict, limits: Limits, api_key: str | None = None, max_batch_size: int = 32,
+                    batch_wait_ms: float = 0.0) -> FastAPI:
+    """The app of the one-process server: the model of `settings` (`ServedModel`'s arguments) loaded
+    here, its model thread, and the routes."""
+    from .model import ServedModel
+
+    frontend = Frontend(ServedModel(**settings), limits, key_digest(api_key), max_batch_size=max_batch_size,
+                        batch_wait_ms=batch_wait_ms)
+    api = build_api(frontend)
+    api.state.frontend = frontend
+    return api
+
+
 def replica_class():
-    """The Ray Serve deployment class (Ray imported only when serving)."""
+    """The Ray Serve deployment class (Ray imported only when serving on Ray)."""
     from ray import serve
 
     @serve.deployment(name="lmk-embed", ray_actor_options={"num_cpus": 1})
     @serve.ingress()
     class EmbeddingServer:
         """One replica: the model (and index) of `settings` (`ServedModel`'s arguments), `limits`, the
-        key's digest, batching set by `max_batch_size` and `batch_wait_ms`."""
+        key's digest, and its own model thread (`Batcher`) batching as the one-process server does."""
 
         def __init__(self, settings: dict, limits: Limits, api_key_digest: bytes | None = None,
-                     max_batch_size: int = 16, batch_wait_ms: float = 5.0):
+                     max_batch_size: int = 32, batch_wait_ms: float = 0.0):
             from .model import ServedModel
 
             import ray
 
-            self.frontend = Frontend(ServedModel(**settings), limits, api_key_digest, embed=self.embed,
-                                     metrics=Metrics(export=True))
+            self.frontend = Frontend(ServedModel(**settings), limits, api_key_digest, metrics=Metrics(export=True),
+                                     max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms)
             self.frontend.behind_proxy = True
             self.frontend.logger = logging.getLogger("ray.serve")
             replica = serve.get_replica_context().replica_id
             self.frontend.where = {"replica": str(getattr(replica, "unique_id", replica)),
                                    "node": ray.get_runtime_context().get_node_id()}
-            self.embed_batch.set_max_batch_size(max_batch_size)
-            self.embed_batch.set_batch_wait_timeout_s(batch_wait_ms / 1000)
-
-        async def embed(self, request, deadline: float):
-            return await self.embed_batch((request, deadline))
-
-        @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-        async def embed_batch(self, items: list) -> list:
-            """One model call for the batch's requests still inside their deadline (the others get None:
-            their clients already have a 504)."""
-            now = time.monotonic()
-            live = [number for number, (_, deadline) in enumerate(items) if deadline > now]
-            results: list = [None] * len(items)
-            if live:
-                self.frontend.metrics.batch(len(live))
-                vectors = await self.frontend.run_model(self.frontend.served.embed,
-                                                        [items[number][0] for number in live])
-                for number, value in zip(live, vectors):
-                    results[number] = value
-            return results
 
         def __serve_build_asgi_app__(self):
             return build_api(self.frontend)
@@ -396,8 +422,8 @@ def replica_class():
 
 
 def build_application(settings: dict, limits: Limits, api_key: str | None = None, replicas: int = 1,
-                      num_cpus: float = 1, max_batch_size: int = 16, batch_wait_ms: float = 5.0):
-    """The bound application: `replicas` copies of the model, each reserving `num_cpus` Ray CPUs."""
+                      num_cpus: float = 1, max_batch_size: int = 32, batch_wait_ms: float = 0.0):
+    """The bound Ray Serve application: `replicas` copies of the model, each reserving `num_cpus` Ray CPUs."""
     # Ray lets a replica take more requests than its queue holds, so that the ones past the queue reach
     # the app and get their 429 at once instead of waiting in Ray's router; the probes and checks too.
     deployment = replica_class().options(num_replicas=replicas, ray_actor_options={"num_cpus": num_cpus},

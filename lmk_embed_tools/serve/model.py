@@ -15,6 +15,9 @@ import numpy as np
 from .protocol import ApiError, EmbeddingRequest, SearchRequest, check_lengths, shape_vectors
 
 FAMILIES = {"lmk_embedder": "lmk", "recurrent_embedder": "recurrent"}
+# Texts (or queries) one `encode` call of the model thread reads: between two, work nobody waits for
+# any more (a client gone, a deadline passed) is dropped. `encode` itself reads them in batches of 32.
+SLICE_TEXTS = 128
 
 
 # The option specs a checkpoint's configuration file declares, by family (`lmk_embed.encoding.Option`).
@@ -80,7 +83,7 @@ class ServedModel:
                          next(iter(options), None))
             raise ApiError(message, param=param, code="invalid_value") from None
 
-    def check(self, request: EmbeddingRequest) -> int:
+    def check(self, request: EmbeddingRequest, param: str = "input") -> int:
         """The request's tokens (what `usage` reports: each text's model tokens, special tokens and the
         prompt left out), counted in one pass that stops reading a text past `max_input_tokens`. 413
         for a text over `max_input_tokens`, a request over `max_request_tokens`, or a text the model
@@ -90,10 +93,10 @@ class ServedModel:
         resolved = self.resolve(request)
         encodings = encode_content(self.model.tokenizer, list(request.texts), self.max_input_tokens)
         tokens = check_lengths([len(encoding.ids) for encoding in encodings], self.max_input_tokens,
-                               self.max_request_tokens)
+                               self.max_request_tokens, param)
         model_limit = getattr(resolved, "max_length", None)
         if model_limit is not None:
-            self._check_model_limit(request, resolved)
+            self._check_model_limit(request, resolved, param)
         if getattr(resolved, "long_input", None) == "windows":
             self._check_window(request, resolved)
         return tokens
@@ -116,7 +119,7 @@ class ServedModel:
         except ValueError as error:
             raise ApiError(str(error), param="window_length", code="invalid_value") from None
 
-    def _check_model_limit(self, request: EmbeddingRequest, resolved) -> None:
+    def _check_model_limit(self, request: EmbeddingRequest, resolved, param: str) -> None:
         """413 for the first text the model would cut at its `max_length` (its layout, specials and prompt in)."""
         if self.family == "lmk":
             truncated = self.model.tokenizer.layout(list(request.texts), resolved.layout).truncated
@@ -125,9 +128,9 @@ class ServedModel:
                                                          max_length=resolved.max_length).truncated
         for index, cut in enumerate(np.asarray(truncated).tolist()):
             if cut:
-                raise ApiError(f"`input[{index}]` is longer than this model reads ({resolved.max_length} tokens with "
+                raise ApiError(f"`{param}[{index}]` is longer than this model reads ({resolved.max_length} tokens with "
                                "its special tokens and prompt); split the text, or for a landmark checkpoint send "
-                               "`long_input: \"windows\"`", status=413, param="input", code="input_too_long")
+                               "`long_input: \"windows\"`", status=413, param=param, code="input_too_long")
 
     def normalized(self, request: EmbeddingRequest) -> bool:
         """Whether `request`'s vectors are unit vectors (its `normalize`, else the checkpoint's)."""
@@ -141,9 +144,11 @@ class ServedModel:
             return config.document_prompt or None
         return None
 
-    def embed(self, requests: list[EmbeddingRequest]) -> list[np.ndarray]:
-        """Each request's vectors, shaped to its `dimensions`. Requests with the same prompt share one
-        `encode` call; each gets back exactly its own rows."""
+    def embed(self, requests: list[EmbeddingRequest], alive=None) -> list[np.ndarray | None]:
+        """Each request's vectors [n_texts, dimensions]. Requests with the same prompt and options share
+        `encode` calls, of at most `SLICE_TEXTS` texts each; each request gets back exactly its own rows.
+        `alive()` is asked before each call: once it says no (nobody waits for the batch) the rest is
+        not computed and the requests left get None."""
         groups: dict[tuple, list[int]] = {}
         for number, request in enumerate(requests):
             groups.setdefault(request.prompt_key, []).append(number)
@@ -151,9 +156,14 @@ class ServedModel:
         for numbers in groups.values():
             texts = [text for number in numbers for text in requests[number].texts]
             first = requests[numbers[0]]
-            vectors = self.model.encode(texts, prompt=self.prompt(first), show_progress_bar=False,
-                                        **dict(first.options))
-            vectors = np.asarray(vectors, dtype=np.float32)
+            pieces = []
+            for start in range(0, len(texts), SLICE_TEXTS):
+                if alive is not None and not alive():
+                    return results
+                pieces.append(np.asarray(self.model.encode(texts[start:start + SLICE_TEXTS], prompt=self.prompt(first),
+                                                           show_progress_bar=False, **dict(first.options)),
+                                         dtype=np.float32))
+            vectors = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
             start = 0
             for number in numbers:
                 stop = start + len(requests[number].texts)
@@ -162,7 +172,7 @@ class ServedModel:
                 start = stop
         return results
 
-    def landmarks(self, request: EmbeddingRequest) -> list[dict]:
+    def landmarks(self, request: EmbeddingRequest, alive=None) -> list[dict]:
         """Per text, its landmark vectors [n, D] and their character spans."""
         if "landmarks" not in getattr(self.model, "output_values", ()) or self.family != "lmk":
             raise ApiError(f"{self.name!r} gives no landmark vectors (a recurrent embedder has one vector per text): "
@@ -179,19 +189,30 @@ class ServedModel:
 
     # ---- search ---------------------------------------------------------------------------
 
-    def search(self, request: SearchRequest) -> list[list[dict]]:
+    def check_queries(self, request: SearchRequest) -> int:
+        """The queries' tokens, under the rules of `check` for texts embedded as queries (413 for a query
+        over the limits or one the model would cut: never cut silently)."""
+        return self.check(EmbeddingRequest(request.queries, kind="query"), param="query")
+
+    def search(self, request: SearchRequest, alive=None) -> list[list[dict]] | None:
         """Per query its ranked documents, as `lmk-embed search` gives them: `dense` max-sim (`fuse`
         with the document vector), `lexical` the index's BM25, `hybrid` both in one query, fused by
         min-max (BM25's share `fuse_weight`, default the index's) or by rank. Every hit names the
-        landmark whose passage matched the query best."""
+        landmark whose passage matched the query best. The queries are read `SLICE_TEXTS` at a time,
+        `alive()` asked before each slice (None once it says no)."""
         if self.index is None:
             raise ApiError("this server has no index: start it with --index DIR (an encode-corpus --output-value "
                            "landmarks folder)", status=404, code="no_index")
-        index = self.index
-        queries = np.asarray(self.model.encode_query(list(request.queries), show_progress_bar=False), dtype=np.float32)
-        results = index.search(queries, top_k=request.top_k, fuse=request.fuse, mode=request.mode,
-                               texts=list(request.queries), fusion=request.fusion, fuse_weight=request.fuse_weight)
-        return [[hit_record(hit) for hit in index.passages(hits)] for hits in results]
+        index, found = self.index, []
+        for start in range(0, len(request.queries), SLICE_TEXTS):
+            if alive is not None and not alive():
+                return None
+            queries = list(request.queries[start:start + SLICE_TEXTS])
+            vectors = np.asarray(self.model.encode_query(queries, show_progress_bar=False), dtype=np.float32)
+            results = index.search(vectors, top_k=request.top_k, fuse=request.fuse, mode=request.mode, texts=queries,
+                                   fusion=request.fusion, fuse_weight=request.fuse_weight)
+            found.extend([hit_record(hit) for hit in index.passages(hits)] for hits in results)
+        return found
 
 
 def hit_record(hit) -> dict:

@@ -26,6 +26,8 @@ IGNORED_FIELDS = ("user",)
 MAX_OPTION_INTEGER = 2**31 - 1
 # The most digits a JSON integer may have where it is parsed into a Python int (past it: `OversizeNumber`).
 MAX_INTEGER_DIGITS = 19
+# The most documents one search query may ask for (`top_k`): 400 above it.
+MAX_TOP_K = 1000
 # How deep a request body may nest (orjson's own limit): deeper is 400 `invalid_json`.
 MAX_JSON_DEPTH = 1024
 
@@ -162,7 +164,7 @@ def check_texts(value, param: str = "input", max_items: int | None = None) -> tu
     if not texts:
         raise ApiError(f"`{param}` is an empty list: give at least one text", param=param, code="empty_input")
     if max_items is not None and len(texts) > max_items:
-        raise ApiError(f"`{param}` holds {len(texts)} texts, over this server's limit of {max_items} a request "
+        raise ApiError(f"`{param}` holds {len(texts)} {'queries' if param == 'query' else 'texts'}, over this server's limit of {max_items} a request "
                        "(--max-inputs); send them in several requests", status=413, param=param,
                        code="too_many_inputs")
     for index, text in enumerate(texts):
@@ -248,20 +250,20 @@ def parse_embeddings(body, served: str, dimension: int, family: str, landmarks: 
     return EmbeddingRequest(texts, encoding_format, dimensions, kind, task, options)
 
 
-def check_lengths(counts: list[int], limit: int | None, request_limit: int | None = None) -> int:
-    """The request's tokens; 413 for the first text over `limit` model tokens, or for a request over
-    `request_limit` in all (None: no limit). A count over `limit` may be a lower bound (the text was
-    tokenized only that far)."""
+def check_lengths(counts: list[int], limit: int | None, request_limit: int | None = None, param: str = "input") -> int:
+    """The request's tokens; 413 for the first text (of the field `param`) over `limit` model tokens,
+    or for a request over `request_limit` in all (None: no limit). A count over `limit` may be a
+    lower bound (the text was tokenized only that far)."""
     if limit is not None:
         for index, count in enumerate(counts):
             if count > limit:
-                raise ApiError(f"`input[{index}]` has more than {limit} tokens, this server's limit a text "
-                               "(--max-input-tokens); split the text", status=413, param="input",
+                raise ApiError(f"`{param}[{index}]` has more than {limit} tokens, this server's limit a text "
+                               "(--max-input-tokens); split the text", status=413, param=param,
                                code="input_too_long")
     total = sum(counts)
     if request_limit is not None and total > request_limit:
         raise ApiError(f"the request's texts have {total} tokens in all, over this server's limit of {request_limit} "
-                       "a request (--max-request-tokens); send them in several requests", status=413, param="input",
+                       "a request (--max-request-tokens); send them in several requests", status=413, param=param,
                        code="request_too_large")
     return total
 
@@ -278,11 +280,17 @@ def shape_vectors(vectors: np.ndarray, dimensions: int | None, normalized: bool)
 
 
 def encode_vector(vector: np.ndarray, encoding_format: str):
-    """A list of floats, or base64 of little-endian float32 bytes (OpenAI's `base64`)."""
-    vector = np.asarray(vector, dtype="<f4")
+    """The vector as a float32 array (orjson writes it as a list of floats, each the shortest text that
+    reads back as the same float32), or base64 of its little-endian float32 bytes (OpenAI's `base64`)."""
+    vector = np.ascontiguousarray(vector, dtype="<f4")
     if encoding_format == "base64":
-        return base64.b64encode(vector.tobytes()).decode("ascii")
-    return vector.tolist()
+        return base64.b64encode(vector.data).decode("ascii")
+    return vector
+
+
+def dump_json(content) -> bytes:
+    """A response body: orjson, numpy arrays written directly (no list of Python floats on the way)."""
+    return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def embeddings_response(vectors: np.ndarray, request: EmbeddingRequest, served: str, tokens: int) -> dict:
@@ -290,6 +298,14 @@ def embeddings_response(vectors: np.ndarray, request: EmbeddingRequest, served: 
             for index, vector in enumerate(vectors)]
     return {"object": "list", "data": data, "model": served,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def landmarks_response(output: list[dict], request: EmbeddingRequest, served: str, tokens: int) -> dict:
+    data = [{"object": "landmarks", "index": index,
+             "landmarks": [{"embedding": encode_vector(vector, request.encoding_format), "span": span}
+                           for vector, span in zip(item["embeddings"], item["spans"])]}
+            for index, item in enumerate(output)]
+    return {"object": "list", "data": data, "model": served, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 @dataclass(frozen=True)
@@ -311,21 +327,29 @@ def _check_unit_interval(body: dict, name: str, default):
     return float(value)
 
 
-def parse_search(body, served: str) -> SearchRequest:
-    """Check a `/v1/search` body: `query` (a string or a list), `model`, `top_k`, `mode`, `fuse`,
-    `fusion` ("minmax" or "rank", for hybrid) and `fuse_weight` (BM25's share in min-max fusion)."""
+def parse_search(body, served: str, max_inputs: int | None = None) -> SearchRequest:
+    """Check a `/v1/search` body: `query` (a string or a list, at most `max_inputs`: 413), `model`,
+    `top_k` (1 to `MAX_TOP_K`), `mode`, `fuse`, `fusion` ("minmax" or "rank", for hybrid) and
+    `fuse_weight` (BM25's share in min-max fusion)."""
     body = check_object(body)
     check_fields(body, ("query", "model", "top_k", "mode", "fuse", "fusion", "fuse_weight"))
-    queries = check_texts(body.get("query"), "query")
+    queries = check_texts(body.get("query"), "query", max_items=max_inputs)
     for index, query in enumerate(queries):
         if not query.strip():
             raise ApiError(f"`query[{index}]` is empty or blank: give text to search for", param="query",
                            code="invalid_value")
     check_model(body.get("model", served), served)
     top_k = body.get("top_k", 10)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ApiError(f"`top_k` must be a positive integer, got {top_k!r}", param="top_k", code="invalid_value")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise ApiError(f"`top_k` must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}", param="top_k",
+                       code="invalid_value")
     mode = check_choice(body, "mode", SEARCH_MODES, "dense")
     fusion = check_choice(body, "fusion", SEARCH_FUSIONS, "minmax")
     return SearchRequest(queries, top_k, mode, _check_unit_interval(body, "fuse", 0.0), fusion,
                          _check_unit_interval(body, "fuse_weight", None))
+
+
+def search_response(results: list[list[dict]], request: SearchRequest, served: str) -> dict:
+    return {"object": "list", "model": served, "mode": request.mode,
+            "data": [{"object": "search_result", "index": index, "query": query, "hits": hits}
+                     for index, (query, hits) in enumerate(zip(request.queries, results))]}
