@@ -9,8 +9,9 @@ from typing import Literal
 
 import yaml
 
-from lmk_embed.configuration_lmk import SPLITTERS
+from lmk_embed.configuration_lmk import LONG_INPUTS, OPTION, SPLITTERS, check_granularities, check_window_length
 from lmk_embed.configuration_recurrent import SCHEDULES, check_block_size
+from lmk_embed.encoding import check_positive_int
 
 # The papers' learning rates: LMK fine-tunes the whole encoder at 2e-5; the recurrent embedders
 # train QLoRA adapters at 4e-4 (Mamba2-1.3B needed 2.4e-3).
@@ -39,9 +40,16 @@ class TrainConfig:
     window_distill_weight: float = field(default=0.0, metadata={
         "help": "LMK: weight of the window term: the cosine distance between each passage window's landmark mean and "
                 "`window_teacher`'s vector of the same span (the user's own window vectors), averaged over windows."})
+    landmark_distill_weight: float = field(default=0.0, metadata={
+        "help": "LMK: weight of the landmark term: the cosine distance between every passage landmark state and "
+                "`window_teacher`'s late chunk of its own chunk (its token states mean-pooled over the chunk, read in "
+                "the same window), averaged over landmarks."})
+    maxsim_weight: float = field(default=0.0, metadata={
+        "help": "LMK: weight of an InfoNCE on the score the landmark index serves: a passage scored by its best "
+                "landmark (max-sim), against every passage of the batch."})
     window_teacher: str | None = field(default=None, metadata={
-        "help": "With window_distill_weight: the SentenceTransformer (folder or Hub id) whose window vectors are the "
-                "targets, usually the untouched base."})
+        "help": "With window_distill_weight or landmark_distill_weight: the SentenceTransformer (folder or Hub id) "
+                "whose window vectors and token states are the targets, usually the untouched base."})
     gather_across_devices: bool = field(default=False, metadata={"help": "Negatives from every device under DDP."})
 
     finetune: Literal["full", "lora", "qlora", "positions"] = field(default="lora", metadata={
@@ -69,10 +77,10 @@ class TrainConfig:
         "help": "Dropout on the attention probabilities only (default: as `dropout`). 0 with `dropout` > 0 keeps the "
                 "cheap hidden-state dropout and skips the attention masks, the costly part on CPU."})
 
-    splitter: Literal["fixed", "variable", "sentence"] | None = field(default=None, metadata={"help": "LMK: override the checkpoint's splitter."})
+    splitter: Literal[SPLITTERS] | None = field(default=None, metadata={"help": "LMK: override the checkpoint's splitter."})
     granularities: list[int] | None = field(default=None, metadata={"help": "LMK: the set `variable` draws g from."})
     granularity: int | None = field(default=None, metadata={"help": "LMK: g for `fixed`/`sentence` (and inference)."})
-    passage_long_input: Literal["one-pass", "windows"] | None = field(default=None, metadata={
+    passage_long_input: Literal[LONG_INPUTS] | None = field(default=None, metadata={
         "help": "LMK: how training reads a passage longer than a window (default: one pass); windows train in the "
                 "schedule `encode()` reads long texts in. The checkpoint's own inference schedule is unchanged."})
     passage_window_length: int | None = field(default=None, metadata={
@@ -105,14 +113,15 @@ class TrainConfig:
         self.check()
 
     def check(self) -> None:
-        """Raise a ValueError that names the field for every bad value."""
+        """Raise an error that names the field for every bad value: a TypeError for a wrong type, a
+        ValueError for a wrong value (the options' own rules, as `encode()` and the checkpoint configs)."""
         if not self.model:
             raise ValueError("`model` is required: our checkpoint folder or Hub id.")
         if not self.output_dir:
             raise ValueError("`output_dir` is required.")
         positive_ints = ["query_max_length", "passage_max_length", "gradcache_mini_batch_size", "lora_r", "lora_alpha",
                          "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "save_steps"]
-        optional_ints = ["num_negatives", "eval_steps", "granularity", "max_train_rows", "passage_window_length"]
+        optional_ints = ["num_negatives", "eval_steps", "max_train_rows"]
         if isinstance(self.block_size, str) and self.block_size.isdigit():  # a flag's text
             self.block_size = int(self.block_size)
         if self.block_size is not None:
@@ -121,10 +130,13 @@ class TrainConfig:
             value = getattr(self, name)
             if value is None and name not in positive_ints:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                if name == "num_negatives" and value == 0:
-                    continue
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+            if not (name == "num_negatives" and value == 0 and not isinstance(value, bool)):
+                check_positive_int(name, value)
+        if self.granularity is not None:  # the LMK options' own rules
+            OPTION["granularity"].check(self.granularity, None)
+        if self.granularities is not None:
+            check_granularities(self.granularities)
+        check_window_length(self.passage_window_length, "passage_window_length")
         for name in ("temperature", "teacher_temperature", "num_train_epochs"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}.")
@@ -146,20 +158,21 @@ class TrainConfig:
                              "which trains no embeddings).")
         if self.distill_weight < 0:
             raise ValueError(f"`distill_weight` must be >= 0, got {self.distill_weight!r}.")
-        if isinstance(self.window_distill_weight, bool) or not self.window_distill_weight >= 0:
-            raise ValueError(f"`window_distill_weight` must be >= 0, got {self.window_distill_weight!r}.")
-        if (self.window_distill_weight > 0) != bool(self.window_teacher):
-            raise ValueError("`window_distill_weight` > 0 and `window_teacher` go together: give both or neither "
-                             f"(got {self.window_distill_weight!r} and {self.window_teacher!r}).")
+        for name in ("window_distill_weight", "landmark_distill_weight", "maxsim_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"`{name}` must be a number >= 0, got {value!r}.")
+        taught = max(self.window_distill_weight, self.landmark_distill_weight)
+        if (taught > 0) != bool(self.window_teacher):
+            raise ValueError("`window_distill_weight` or `landmark_distill_weight` > 0 and `window_teacher` go together: "
+                             f"give both or neither (got {self.window_distill_weight!r}, {self.landmark_distill_weight!r} "
+                             f"and {self.window_teacher!r}).")
         choices = {"loss": ("infonce", "gradcache"), "finetune": ("full", "lora", "qlora", "positions"), "save_mode": ("merged", "adapter"),
                    "splitter": (*SPLITTERS, None), "schedule": (*SCHEDULES, None),
-                   "passage_long_input": ("one-pass", "windows", None)}
+                   "passage_long_input": (*LONG_INPUTS, None)}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Unknown `{name}` {getattr(self, name)!r}; expected one of {[a for a in allowed if a]}.")
-        if self.granularities is not None and (not self.granularities or any(
-                isinstance(g, bool) or not isinstance(g, int) or g <= 0 for g in self.granularities)):
-            raise ValueError(f"`granularities` must be a non-empty list of positive integers, got {self.granularities!r}.")
         if self.lora_layers is not None and (not self.lora_layers or any(
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.lora_layers)):
             raise ValueError(f"`lora_layers` must be a non-empty list of layer indices >= 0, got {self.lora_layers!r}.")

@@ -528,16 +528,18 @@ def train(config: TrainConfig) -> dict:
     if has_label and config.distill_weight == 0:
         dataset = dataset.remove_columns("label")
     loss = build_loss(config, st, has_label and not has_vectors, has_vectors)
-    if config.window_distill_weight > 0:
+    if max(config.window_distill_weight, config.landmark_distill_weight, config.maxsim_weight) > 0:
         from sentence_transformers import SentenceTransformer
 
-        from .long_pages import InfoNCEWithWindowDistillation
+        from .long_pages import LongPageLoss
 
         if config.loss == "gradcache":
-            raise ValueError("`window_distill_weight` with loss='gradcache' is not supported; use loss='infonce'.")
-        teacher = SentenceTransformer(config.window_teacher, device=str(st.device))
-        loss = InfoNCEWithWindowDistillation(st, teacher, config.temperature, config.distill_weight if has_vectors else 0.0,
-                                             config.window_distill_weight, config.gather_across_devices)
+            raise ValueError("`window_distill_weight`, `landmark_distill_weight` and `maxsim_weight` need loss='infonce' "
+                             "(not 'gradcache').")
+        teacher = SentenceTransformer(config.window_teacher, device=str(st.device)) if config.window_teacher else None
+        loss = LongPageLoss(st, teacher, config.temperature, config.distill_weight if has_vectors else 0.0,
+                            config.window_distill_weight, config.landmark_distill_weight, config.maxsim_weight,
+                            config.gather_across_devices)
 
     evaluator = build_evaluator(held_out, st) if held_out else None
     eval_during_training = evaluator is not None and config.eval_steps is not None

@@ -8,10 +8,15 @@ they are targets as well as rivals:
   reads (`add_page_targets`), distilled by the embedding term (`distill_weight`);
 - **window target**: each window the student cuts (`long_input="windows"`) is pulled towards the
   base's vector of the same span, computed from the same token ids in the loss
-  (`InfoNCEWithWindowDistillation`, `window_distill_weight`), whatever g the batch drew;
+  (`LongPageLoss`, `window_distill_weight`), whatever g the batch drew;
+- **landmark target**: each landmark is pulled towards the base's late chunk of its own chunk, read in
+  the same window (`landmark_distill_weight`): a landmark is at least what late chunking gives the base;
+- **max-sim**: InfoNCE on the score the index serves, a passage's best landmark (`maxsim_weight`);
 - **deep-evidence pairs** (`deep_sentence_rows`): a sentence from deep inside a training page,
   removed from it, is the query for that page, so the landmarks past the first window must carry
-  what the page says there, not only its subject.
+  what the page says there, not only its subject; and `window_sentence_rows`: a sentence removed
+  from a short window of a page, that window the positive, BM25's best other windows of the same
+  source its hard negatives.
 
 Pages come from the training sources only (`corpora.training_items`).
 """
@@ -167,63 +172,145 @@ def cut_windows(features: dict) -> torch.Tensor:
     return torch.bincount(document)[document] > 1
 
 
-class InfoNCEWithWindowDistillation(nn.Module):
-    """InfoNCE on the page vectors, plus `weight` x the cosine distance to each row's
-    `teacher_embeddings` (the page target, as `InfoNCEWithEmbeddingDistillation`), plus
-    `window_weight` x the mean cosine distance between each passage window's landmark mean and the
-    teacher's vector of the same span (`teacher_window_vectors`), over the windows of pages read in
-    more than one window (`cut_windows`).
+def chunk_index(attention_mask: torch.Tensor, landmark_mask: torch.Tensor, has_start: bool = True) -> torch.Tensor:
+    """The chunk of each content token of LMK rows: [R, T] masks -> [R, T] int64, the number of
+    landmarks before the token in its row (the chunk its next landmark closes), -1 at the start token,
+    the landmarks and padding."""
+    landmarks = landmark_mask.long()
+    content = attention_mask.bool() & ~landmarks.bool()
+    if has_start:
+        content[:, 0] = False
+    return torch.where(content, landmarks.cumsum(-1) - landmarks, -1)
+
+
+@torch.no_grad()
+def teacher_late_chunks(teacher, content_ids: list[list[int]], chunks: list[torch.Tensor],
+                        template: tuple[list[int], list[int]]) -> list[torch.Tensor]:
+    """The teacher's late chunks of each window (late chunking: its token states of the whole window,
+    mean-pooled over each chunk): content_ids, R lists of a window's content ids (`window_content_ids`),
+    chunks, R [n_tokens] int64 (each content token's chunk, 0..n_r-1, `chunk_index`) -> R [n_r, D].
+    The window is read with the teacher's own special tokens, as `teacher_window_vectors` reads it."""
+    prefix, suffix = template
+    rows = [prefix + ids + suffix for ids in content_ids]
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), teacher.tokenizer.pad_token_id or 0, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, :len(row)], attention_mask[i, :len(row)] = torch.tensor(row), 1
+    device = next(teacher.parameters()).device
+    teacher.eval()
+    features = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
+                "token_type_ids": torch.zeros_like(input_ids).to(device)}
+    states = teacher(features)["token_embeddings"].float()  # [R, T, D], before the teacher's pooling
+    targets = []
+    for row, (ids, chunk) in enumerate(zip(content_ids, chunks)):
+        tokens = states[row, len(prefix):len(prefix) + len(ids)]
+        count = int(chunk.max()) + 1 if len(chunk) else 0
+        totals = tokens.new_zeros(count, tokens.shape[-1]).index_add_(0, chunk.to(device), tokens)
+        targets.append(totals / torch.bincount(chunk.to(device), minlength=count).clamp(min=1)[:, None].float())
+    return targets
+
+
+def max_sim_scores(queries: torch.Tensor, documents: list[torch.Tensor]) -> torch.Tensor:
+    """Late interaction as the index serves it: queries [B, D], documents N [n_i, D] landmark states ->
+    [B, N], each document's best cosine similarity over its landmarks (differentiable)."""
+    flat = nn.functional.normalize(torch.cat(documents).float(), dim=-1)
+    owner = torch.repeat_interleave(torch.arange(len(documents), device=flat.device),
+                                    torch.tensor([len(d) for d in documents], device=flat.device))
+    similarity = nn.functional.normalize(queries.float(), dim=-1) @ flat.T  # [B, landmarks]
+    best = similarity.new_full((similarity.shape[0], len(documents)), float("-inf"))
+    return best.scatter_reduce(1, owner.expand_as(similarity), similarity, reduce="amax", include_self=True)
+
+
+class LongPageLoss(nn.Module):
+    """The LMK model's loss for long pages and the index it serves, a sum of weighted terms:
+
+    - InfoNCE on the page vectors (the mean of a page's landmarks, as `encode()` gives it);
+    - `weight` x the cosine distance to each row's `teacher_embeddings` (the page target, as
+      `InfoNCEWithEmbeddingDistillation`);
+    - `window_weight` x the mean cosine distance between each passage window's landmark mean and the
+      teacher's vector of the same span (`teacher_window_vectors`), over the windows of pages read in
+      more than one window (`cut_windows`);
+    - `landmark_weight` x the mean cosine distance between every passage landmark state and the
+      teacher's late chunk of its own chunk, read in the same window (`teacher_late_chunks`): each
+      landmark is asked to be at least what late chunking gives the base;
+    - `maxsim_weight` x InfoNCE on the score the index serves: each query against every passage of the
+      batch (in-batch and hard negatives), a passage scored by its best landmark (`max_sim_scores`).
 
     The LMK model reads each column once: its rows are windows ([R, T], `window_document` [R] when a
-    text was cut), their landmark means are the window vectors [R, D], and the page vectors [B, D]
-    come from the model's own windows loop, as in `encode()`.
+    text was cut) and the page vectors [B, D] come from the model's own windows loop, as in `encode()`.
     """
 
     def __init__(self, model, teacher, temperature: float, weight: float, window_weight: float,
-                 gather_across_devices: bool = False):
+                 landmark_weight: float = 0.0, maxsim_weight: float = 0.0, gather_across_devices: bool = False):
         super().__init__()
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
         self.model, self.weight, self.window_weight = model, weight, window_weight
+        self.landmark_weight, self.maxsim_weight, self.temperature = landmark_weight, maxsim_weight, temperature
         self.infonce = MultipleNegativesRankingLoss(model, scale=1 / temperature, gather_across_devices=gather_across_devices)
         self.embedder = model.transformers_model
         if self.embedder.config.model_type != "lmk_embedder" or self.embedder.config.pooling != "lmk":
-            raise ValueError("`window_distill_weight` applies to LMK models with lmk pooling.")
-        self.teacher = teacher.eval().requires_grad_(False)
-        self.template = special_template(teacher.tokenizer)
+            raise ValueError("The long-page terms (window, landmark, max-sim) apply to LMK models with lmk pooling.")
+        if teacher is None and (window_weight > 0 or landmark_weight > 0):
+            raise ValueError("The window and landmark terms need a teacher (`window_teacher`).")
+        self.teacher = teacher.eval().requires_grad_(False) if teacher is not None else None
+        self.template = special_template(teacher.tokenizer) if teacher is not None else None
         self.has_start = self.embedder.tokenizer.cls_token_id is not None
 
-    def column(self, features: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """One column's (page vectors [B, D], window vectors [R, D]). Cut texts run through the model's
-        own windows loop (`embed_windows`, bounded groups, as `encode()`); a window's vector is the mean
-        of its landmark states, which is what lmk pooling computes."""
+    def column(self, features: dict) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """One column -> (page vectors [B, D], per row (window) its landmark states [n_r, D], the page of
+        each row [R]). Cut texts run through the model's own windows loop (`embed_windows`, bounded
+        groups, as `encode()`); a page's vector is the mean of its landmark states (lmk pooling)."""
         document = features.get("window_document")
         if document is None:
             inputs = {name: features[name] for name in ("input_ids", "attention_mask", "landmark_mask", "position_ids")
                       if name in features}
-            windows = self.embedder(**inputs).embeddings
-            return windows, windows
+            pages, hidden = self.embedder.embed_rows(**inputs)
+            mask = inputs["landmark_mask"].bool()
+            states = [hidden[row][mask[row]] for row in range(mask.shape[0])]
+            return pages, states, torch.arange(len(states), device=pages.device)
         pages, states = self.embedder.embed_windows(features, int(document.max()) + 1, with_states=True)
-        return pages, torch.stack([row.mean(0) for row in states])
+        return pages, states, document
 
     def forward(self, sentence_features, labels):
         columns = [self.column(features) for features in sentence_features]
-        pages = [page for page, _ in columns]
+        pages = [page for page, _, _ in columns]
         loss = self.infonce.compute_loss_from_embeddings(pages, None)
         if self.weight > 0 and labels is not None:
             student = torch.stack(pages, dim=1)  # [B, columns, D]
             teacher = labels.to(student.dtype).view(student.shape[0], student.shape[1], -1)
             loss = loss + self.weight * (1 - nn.functional.cosine_similarity(student, teacher, dim=-1).mean())
-        distances = []
-        for features, (_, windows) in zip(sentence_features[1:], columns[1:]):  # passages only
+        window_distances, landmark_distances = [], []
+        for features, (_, states, _) in zip(sentence_features[1:], columns[1:]):  # passages only
             cut = cut_windows(features)
-            if not cut.any():
-                continue
-            ids = window_content_ids(features["input_ids"][cut], features["attention_mask"][cut],
-                                     features["landmark_mask"][cut], self.has_start)
-            target = teacher_window_vectors(self.teacher, ids, self.template).to(windows.dtype)
-            distances.append(1 - nn.functional.cosine_similarity(windows[cut], target, dim=-1))
-        if distances:
-            loss = loss + self.window_weight * torch.cat(distances).mean()
+            if self.window_weight > 0 and cut.any():
+                ids = window_content_ids(features["input_ids"][cut], features["attention_mask"][cut],
+                                         features["landmark_mask"][cut], self.has_start)
+                target = teacher_window_vectors(self.teacher, ids, self.template)
+                windows = torch.stack([states[row].mean(0) for row in cut.nonzero().flatten().tolist()])
+                window_distances.append(1 - nn.functional.cosine_similarity(windows, target.to(windows.dtype), dim=-1))
+            if self.landmark_weight > 0:
+                ids = window_content_ids(features["input_ids"], features["attention_mask"], features["landmark_mask"],
+                                         self.has_start)
+                chunk = chunk_index(features["attention_mask"], features["landmark_mask"], self.has_start)
+                targets = teacher_late_chunks(self.teacher, ids, [row[row >= 0] for row in chunk], self.template)
+                for landmarks, target in zip(states, targets):
+                    if len(target) == len(landmarks):  # an empty text: a landmark and no chunk to read
+                        landmark_distances.append(1 - nn.functional.cosine_similarity(
+                            landmarks.float(), target.to(landmarks.device), dim=-1))
+        if window_distances:
+            loss = loss + self.window_weight * torch.cat(window_distances).mean()
+        if landmark_distances:
+            loss = loss + self.landmark_weight * torch.cat(landmark_distances).mean()
+        if self.maxsim_weight > 0:
+            documents = []
+            for _, states, owner in columns[1:]:  # every passage of the batch, column by column
+                per_page = [[] for _ in range(int(owner.max()) + 1)]
+                for row, page in enumerate(owner.tolist()):
+                    per_page[page].append(states[row])
+                documents += [torch.cat(parts) for parts in per_page]
+            scores = max_sim_scores(pages[0], documents) / self.temperature  # [B, B * passage columns]
+            target = torch.arange(scores.shape[0], device=scores.device)  # row i's positive: column 1, page i
+            loss = loss + self.maxsim_weight * nn.functional.cross_entropy(scores, target)
         return loss
-

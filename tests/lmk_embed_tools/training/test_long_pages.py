@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmk_embed_tools.training.long_pages import (InfoNCEWithWindowDistillation, add_page_targets, content_budget,
-                                                 cut_windows, deep_sentence_rows, sentences, special_template, teacher_window_vectors,
-                                                 window_content_ids)
+from lmk_embed_tools.training.long_pages import (LongPageLoss, add_page_targets, chunk_index, content_budget,
+                                                 cut_windows, deep_sentence_rows, max_sim_scores, sentences, special_template,
+                                                 teacher_late_chunks, teacher_window_vectors, window_content_ids)
 from tests.helpers import stdlib_texts
 
 
@@ -103,10 +103,11 @@ def test_window_loss_pools_pages_as_encode_does_and_trains(teacher, minilm_windo
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(minilm_windows), trust_remote_code=True, device="cpu")
-    loss = InfoNCEWithWindowDistillation(st, teacher, temperature=0.1, weight=1.0, window_weight=1.0)
+    loss = LongPageLoss(st, teacher, temperature=0.1, weight=1.0, window_weight=1.0)
     texts = [page, page[len(page) // 2:]]
     features = st.transformers_model.prepare_features(texts, max_length=None, long_input="windows", window_length=128)
-    pages, windows = loss.column(features)
+    pages, states, owner = loss.column(features)
+    assert owner.tolist() == features["window_document"].tolist() and len(states) == len(owner)
     expected = st.transformers_model.encode(texts, long_input="windows", window_length=128, max_length=None,
                                             normalize=False, convert_to_tensor=True)
     assert torch.allclose(pages, expected, atol=1e-5)
@@ -144,7 +145,7 @@ def test_the_window_term_weighs_only_pages_read_in_more_than_one_window(teacher,
     assert cut_windows({"input_ids": torch.zeros(3, 4), "window_document": torch.tensor([0, 0, 1])}).tolist() == [True, True, False]
     assert not cut_windows({"input_ids": torch.zeros(2, 4)}).any()
     st = SentenceTransformer(str(minilm_windows), trust_remote_code=True, device="cpu").eval()
-    windowed = InfoNCEWithWindowDistillation(st, teacher, temperature=0.1, weight=1.0, window_weight=5.0)
+    windowed = LongPageLoss(st, teacher, temperature=0.1, weight=1.0, window_weight=5.0)
     plain = InfoNCEWithEmbeddingDistillation(st, temperature=0.1, weight=1.0, gather_across_devices=False)
     embedder = st.transformers_model
     queries = embedder.prepare_features(["json", "text"], max_length=32)
@@ -157,3 +158,95 @@ def test_the_window_term_weighs_only_pages_read_in_more_than_one_window(teacher,
                                           window_length=128)
         assert cut_windows(mixed).sum() == len(mixed["window_document"]) - 1
         assert windowed([queries, mixed], labels) > plain([queries, mixed], labels) + 1e-3
+
+
+def test_chunk_index_numbers_content_tokens_by_the_landmark_that_closes_them():
+    # [CLS] a b [LMK] c [LMK] [PAD]
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    landmarks = torch.tensor([[0, 0, 0, 1, 0, 1, 0]])
+    assert chunk_index(attention, landmarks).tolist() == [[-1, 0, 0, -1, 1, -1, -1]]
+
+
+def test_teacher_late_chunks_are_the_base_token_states_pooled_over_each_chunk(teacher, minilm_path):
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(minilm_path).eval()
+    ids = teacher.tokenizer(" ".join(stdlib_texts(4)), add_special_tokens=False)["input_ids"][:70]
+    chunks = torch.arange(len(ids)) // 16  # chunks of 16, the last one shorter
+    targets = teacher_late_chunks(teacher, [ids, ids[:20]], [chunks, chunks[:20]], special_template(teacher.tokenizer))
+    row = torch.tensor([[teacher.tokenizer.cls_token_id, *ids, teacher.tokenizer.sep_token_id]])
+    with torch.no_grad():
+        states = backbone(input_ids=row, attention_mask=torch.ones_like(row)).last_hidden_state[0, 1:-1]
+    expected = torch.stack([part.mean(0) for part in torch.split(states, 16)])
+    assert targets[0].shape == (5, 384) and targets[1].shape == (2, 384)
+    torch.testing.assert_close(targets[0], expected, atol=1e-5, rtol=0)
+
+
+def test_max_sim_scores_are_each_documents_best_landmark():
+    from lmk_embed_tools.evaluation.retrievers import late_interaction_scores
+
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.nn.functional.normalize(torch.randn(3, 8, generator=generator), dim=-1)
+    documents = [torch.randn(n, 8, generator=generator) for n in (1, 4, 2)]
+    expected = late_interaction_scores(queries.numpy(), [d.numpy() for d in documents], "max")
+    np.testing.assert_allclose(max_sim_scores(queries, documents).numpy(), expected, atol=1e-6)
+
+
+def test_the_landmark_term_is_the_distance_of_each_landmark_to_the_base_late_chunk(teacher, minilm_path, minilm_windows):
+    """For passages that fit one window: the landmark term adds the mean over landmarks of 1 - cos(landmark
+    state, the base's late chunk), each computed here directly (encode's landmarks; transformers' forward)."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    st = SentenceTransformer(str(minilm_windows), trust_remote_code=True, device="cpu").eval()
+    embedder, backbone = st.transformers_model, AutoModel.from_pretrained(minilm_path).eval()
+    passages = [" ".join(stdlib_texts(5))[:700], "The csv module reads and writes tabular data."]
+    queries = embedder.prepare_features(["json", "csv"], max_length=32, granularity=16)
+    features = embedder.prepare_features(passages, max_length=None, long_input="windows", granularity=16)
+    distances = []
+    for text in passages:
+        landmarks = embedder.encode(text, output_value="landmarks", normalize=False, granularity=16, convert_to_tensor=True)
+        encoded = teacher.tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            states = backbone(**encoded).last_hidden_state[0, 1:-1]
+        late = torch.stack([part.mean(0) for part in torch.split(states, 16)])
+        distances.append(1 - torch.nn.functional.cosine_similarity(landmarks["embeddings"], late, dim=-1))
+    expected = torch.cat(distances).mean()
+    with torch.no_grad():
+        plain = LongPageLoss(st, teacher, temperature=0.1, weight=0.0, window_weight=0.0)([queries, features], None)
+        taught = LongPageLoss(st, teacher, temperature=0.1, weight=0.0, window_weight=0.0,
+                              landmark_weight=2.0)([queries, features], None)
+    assert float(expected) > 0.05
+    torch.testing.assert_close(taught - plain, 2 * expected, atol=1e-4, rtol=0)
+
+
+def test_the_max_sim_term_scores_every_passage_by_its_best_landmark_and_trains(teacher, minilm_windows, page):
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(minilm_windows), trust_remote_code=True, device="cpu")
+    embedder = st.transformers_model
+    queries = embedder.prepare_features(["json encoding", "text wrapping"], max_length=32, granularity=16)
+    positives = embedder.prepare_features([page[:3000], "Text wrapping and filling."], max_length=None,
+                                          long_input="windows", window_length=128, granularity=16)
+    negatives = embedder.prepare_features(["Zip archives.", page[3000:4000]], max_length=None, long_input="windows",
+                                          window_length=128, granularity=16)
+    plain = LongPageLoss(st, None, temperature=0.1, weight=0.0, window_weight=0.0)
+    maxsim = LongPageLoss(st, None, temperature=0.1, weight=0.0, window_weight=0.0, maxsim_weight=1.0)
+    with torch.no_grad():
+        st.eval()
+        query = embedder.encode(["json encoding", "text wrapping"], normalize=False, convert_to_tensor=True, max_length=32,
+                                granularity=16)
+        documents = [embedder.encode(text, output_value="landmarks", normalize=False, convert_to_tensor=True,
+                                     long_input="windows", window_length=128, granularity=16, max_length=None)["embeddings"]
+                     for text in [page[:3000], "Text wrapping and filling.", "Zip archives.", page[3000:4000]]]
+        scores = max_sim_scores(query, documents) / 0.1
+        expected = torch.nn.functional.cross_entropy(scores, torch.arange(2))
+        difference = maxsim([queries, positives, negatives], None) - plain([queries, positives, negatives], None)
+    torch.testing.assert_close(difference, expected, atol=1e-4, rtol=0)
+    st.train()
+    value = maxsim([queries, positives, negatives], None)
+    value.backward()
+    assert torch.isfinite(value)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in st.parameters())
+    with pytest.raises(ValueError, match="need a teacher"):
+        LongPageLoss(st, None, temperature=0.1, weight=0.0, window_weight=0.0, landmark_weight=1.0)

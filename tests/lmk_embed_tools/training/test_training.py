@@ -160,7 +160,8 @@ def test_stdlib_dataset_is_split_by_module(monkeypatch):
      ("per_device_train_batch_size", -2), ("granularities", [32, 0]), ("splitter", "paragraph"), ("max_steps", 0),
      ("eval_data", "mteb"), ("dropout", 1.0), ("attention_dropout", -0.1), ("lora_layers", [-1]), ("lora_layers", []),
      ("passage_long_input", "pages"), ("passage_window_length", 256), ("window_distill_weight", 1.0), ("window_teacher", "base"),
-     ("window_distill_weight", -1.0)],
+     ("window_distill_weight", -1.0), ("landmark_distill_weight", 1.0), ("maxsim_weight", -1.0),
+     ("maxsim_weight", True)],
 )
 def test_bad_config_values_name_the_field(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"`{field}`"):
