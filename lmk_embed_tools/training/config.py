@@ -16,6 +16,9 @@ from lmk_embed.encoding import check_positive_int
 # The papers' learning rates: LMK fine-tunes the whole encoder at 2e-5; the recurrent embedders
 # train QLoRA adapters at 4e-4 (Mamba2-1.3B needed 2.4e-3).
 FAMILY_LEARNING_RATES = {"lmk_embedder": 2e-5, "recurrent_embedder": 4e-4}
+# The token budgets of a training row: a query, and a passage (the base's pretraining length).
+QUERY_MAX_LENGTH = 128
+PASSAGE_MAX_LENGTH = 512
 
 
 @dataclass
@@ -26,10 +29,11 @@ class TrainConfig:
     output_dir: str = field(default=None, metadata={"help": "Where checkpoints, the final model and run_config.yaml go."})
     train_data: str = field(default="stdlib", metadata={"help": "jsonl / csv / parquet file, or 'stdlib' (built-in, offline)."})
     eval_data: str | None = field(default="stdlib", metadata={"help": "'stdlib' (held-out modules) or none."})
-    num_negatives: int | None = field(default=None, metadata={"help": "Hard negatives per query (default: the fewest any row has)."})
+    num_negatives: int | None = field(default=None, metadata={"help": "Hard negatives per query: rows with fewer are dropped, extra ones cut (default: each row's own, "
+                "rows with different counts batched apart)."})
     max_train_rows: int | None = field(default=None, metadata={"help": "Use at most this many training rows."})
-    query_max_length: int = 128
-    passage_max_length: int = 512
+    query_max_length: int = QUERY_MAX_LENGTH
+    passage_max_length: int = PASSAGE_MAX_LENGTH
 
     loss: Literal["infonce", "gradcache"] = field(default="infonce", metadata={"help": "gradcache: CachedMultipleNegativesRankingLoss."})
     temperature: float = field(default=0.02, metadata={"help": "InfoNCE temperature tau (scale = 1 / tau)."})

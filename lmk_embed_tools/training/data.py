@@ -112,10 +112,10 @@ def _blank(value) -> bool:
 
 
 def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[dict], LoadReport]:
-    """Validate `source` and return clean rows with exactly `num_negatives` negatives each.
-
-    `num_negatives=None` uses the fewest negatives any non-empty row has (so no row is dropped for
-    it); rows with more have the extra ones cut (counted). Teacher scores are cut alongside.
+    """Validate `source` and return clean rows with exactly `num_negatives` negatives each: rows with
+    fewer are dropped and rows with more have the extra ones cut (both counted; teacher scores are
+    cut alongside). `num_negatives=None` keeps every row's negatives as given: rows with different
+    counts train as separate datasets (`to_training_dataset`), so nothing is dropped or cut.
     """
     raw_rows, columns, name = _read_rows(source)
     report = LoadReport(source=name, rows_read=len(raw_rows))
@@ -173,10 +173,11 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
         if 0 < given < len(candidates):
             raise TrainingDataError(f"{name}: `{key}` is given for {given} of {len(candidates)} rows; give it for all or none.")
 
-    if num_negatives is None:
-        num_negatives = min((len(r["negatives"]) for r in candidates), default=0)
     rows = []
     for row in candidates:
+        if num_negatives is None:
+            rows.append(row)
+            continue
         if len(row["negatives"]) < num_negatives:
             report.dropped_few_negatives += 1
             continue
@@ -200,10 +201,17 @@ def load_training_rows(source, num_negatives: int | None = None) -> tuple[list[d
 
 def to_training_dataset(rows: list[dict], query_prefix=None):
     """A `datasets.Dataset` in sentence-transformers column order: query, positive, negative_1.., label.
+    Rows with different numbers of negatives give a `DatasetDict`, one dataset per count
+    ("negatives_K"): sentence-transformers draws each batch from one of them, in proportion to their sizes.
 
     `query_prefix(task)` returns the instruction to put before a query (recurrent family), or None.
     """
-    from datasets import Dataset
+    from datasets import Dataset, DatasetDict
+
+    counts = sorted({len(row["negatives"]) for row in rows})
+    if len(counts) > 1:
+        return DatasetDict({f"negatives_{count}": to_training_dataset([r for r in rows if len(r["negatives"]) == count],
+                                                                      query_prefix) for count in counts})
 
     columns: dict[str, list] = {"query": [], "positive": []}
     num_negatives = len(rows[0]["negatives"])

@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from lmk_embed_tools.commandline import import_peft_without_quantisation
+
+import_peft_without_quantisation()  # before sentence-transformers: bitsandbytes only for QLoRA
 from sentence_transformers.base.sampler import DefaultBatchSampler
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 from torch import nn
@@ -32,7 +36,7 @@ from transformers import TrainerCallback
 from lmk_embed import lora_target_modules
 from lmk_embed.encoding import check_positive_int
 
-from .config import FAMILY_LEARNING_RATES, TrainConfig
+from .config import FAMILY_LEARNING_RATES, PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, TrainConfig
 from .data import load_training_rows, stdlib_training_rows, to_training_dataset
 from .positions import extended_row_indices, extension_of, skipped_positions
 
@@ -51,8 +55,8 @@ class EmbeddingDataCollator(SentenceTransformerDataCollator):
     and (LMK `variable` splitter) one granularity drawn per batch. `drawn` records the draws."""
 
     embedder: object = None
-    query_max_length: int = 128
-    passage_max_length: int = 512
+    query_max_length: int = QUERY_MAX_LENGTH
+    passage_max_length: int = PASSAGE_MAX_LENGTH
     position_skipping: bool = False
     position_skipping_share: float = 1.0
     layout_options: dict = field(default_factory=dict)  # LMK: long_input / window_length for every column
@@ -523,7 +527,8 @@ def train(config: TrainConfig) -> dict:
     config.to_yaml(output_dir / RUN_CONFIG_NAME)
     query_prefix = embedder.config.query_prompt if family == "recurrent_embedder" else None
     dataset = to_training_dataset(rows, query_prefix=query_prefix)
-    has_label = "label" in dataset.column_names
+    columns = dataset.column_names  # a DatasetDict (rows with different numbers of negatives) gives one list each
+    has_label = all("label" in names for names in (columns.values() if isinstance(columns, dict) else [columns]))
     has_vectors = has_label and rows[0].get("teacher_embeddings") is not None
     if has_label and config.distill_weight == 0:
         dataset = dataset.remove_columns("label")

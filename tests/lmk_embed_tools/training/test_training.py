@@ -1,6 +1,7 @@
 """Fine-tuning: data validation, the LMK per-batch granularity, losses, LoRA/QLoRA, saving, resume, DDP."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -115,7 +116,12 @@ def test_negative_counts_and_teacher_scores(tmp_path):
     for row in rows:
         row["teacher_scores"] = [5.0, 1.0, 0.5, 0.1]
     rows[0]["negatives"], rows[0]["teacher_scores"] = rows[0]["negatives"][:1], [5.0, 1.0]
-    kept, report = load_training_rows(write_jsonl(rows, tmp_path / "d.jsonl"))
+    kept, report = load_training_rows(write_jsonl(rows, tmp_path / "d.jsonl"))  # each row's own: nothing cut
+    assert [len(r["negatives"]) for r in kept] == [1, 3, 3, 3] and report.negatives_cut == 0
+    grouped = to_training_dataset(kept)  # a batch never mixes counts: one dataset per count
+    assert sorted(grouped) == ["negatives_1", "negatives_3"] and grouped["negatives_3"].num_rows == 3
+    assert grouped["negatives_1"].column_names == ["query", "positive", "negative_1", "label"]
+    kept, report = load_training_rows(tmp_path / "d.jsonl", num_negatives=1)
     assert all(len(r["negatives"]) == 1 and len(r["teacher_scores"]) == 2 for r in kept) and report.negatives_cut == 3
     kept, report = load_training_rows(tmp_path / "d.jsonl", num_negatives=2)
     assert len(kept) == 3 and report.dropped_few_negatives == 1
@@ -387,6 +393,15 @@ def test_training_with_teacher_scores_and_gradcache(lmk_checkpoint, tmp_path):
     result = train(run_config(lmk_checkpoint, tmp_path / "c", data=plain, loss="gradcache", gradcache_mini_batch_size=2,
                               max_steps=2))
     assert result["global_step"] == 2
+
+
+def test_rows_with_different_negative_counts_train_in_batches_of_one_count(lmk_checkpoint, tmp_path):
+    """Pairs without negatives and rows with a hard negative in one file: nothing cut, every batch from one
+    count, through the long-page loss (max-sim over landmarks) as the demo trains its window rows."""
+    rows = toy_rows(8, negatives=0) + toy_rows(8, negatives=1)
+    path = write_jsonl(rows, tmp_path / "mixed.jsonl")
+    result = train(run_config(lmk_checkpoint, tmp_path, data=path, max_steps=4, maxsim_weight=1.0))
+    assert result["global_step"] == 4 and all(math.isfinite(e["loss"]) for e in result["log_history"] if "loss" in e)
 
 
 @pytest.mark.parametrize("which", ["lmk_checkpoint", "mamba2_checkpoint"])
