@@ -122,16 +122,18 @@ def _refuse_constant(name: str):
 
 def parse_json(body: bytes):
     """The request body as JSON, with orjson (400 `invalid_json` for a body that is not JSON or nests
-    deeper than `MAX_JSON_DEPTH`). A number orjson cannot hold (an integer past a double's range)
-    is read again with the standard library, kept as an `OversizeNumber`: the field holding it is
-    then refused by name instead of the whole body."""
+    deeper than `MAX_JSON_DEPTH`). A body holding a number orjson cannot hold (an integer past a
+    double's range), kept as an `OversizeNumber`, or an escaped lone surrogate is read again with
+    the standard library: the field holding it is then refused by name instead of the whole body."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as error:
         message = str(error)
     if message.startswith("depth limit exceeded"):
         raise ApiError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
-    if not message.startswith("number"):
+    # Read again: a number orjson cannot hold, and an escaped lone surrogate ("\\ud800", which JSON allows
+    # and no text is: `check_texts` names the field).
+    if not message.startswith("number") and "surrogate in string" not in message:
         raise ApiError(f"the request body is not valid JSON: {message}", code="invalid_json")
     try:
         return json.loads(body, parse_int=_number, parse_float=_float, parse_constant=_refuse_constant)

@@ -1,8 +1,15 @@
-"""`lmk-embed serve`'s argument checks: each bad argument is one line naming it, before Ray starts."""
+"""`lmk-embed serve`'s argument checks: each bad argument is one plain line naming it, before a model
+is loaded or Ray starts."""
+
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from lmk_embed_tools import cli
+from lmk_embed_tools.serve.process import free_port
+from tests.helpers import REPO_ROOT
 
 
 def test_a_file_as_checkpoint_is_one_line(tmp_path, capsys):
@@ -64,11 +71,43 @@ def test_an_open_host_without_a_key_warns_once_and_a_ray_that_does_not_start_is_
 
     monkeypatch.delenv("LMK_EMBED_API_KEY", raising=False)
     monkeypatch.setattr(ray, "init", refuse)
-    assert cli.main(["serve", str(lmk_checkpoint), "--host", "0.0.0.0", "--address", "auto"]) == 1
+    port = str(free_port("0.0.0.0"))
+    assert cli.main(["serve", str(lmk_checkpoint), "--host", "0.0.0.0", "--port", port, "--address", "auto"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "without an API key" in lines[0] and "0.0.0.0" in lines[0]
     assert lines[1].startswith("lmk-embed serve: error: Ray did not start: Could not find any running Ray instance.")
     monkeypatch.setenv("LMK_EMBED_API_KEY", "sk-x")
-    assert cli.main(["serve", str(lmk_checkpoint), "--host", "0.0.0.0", "--address", "auto"]) == 1
+    assert cli.main(["serve", str(lmk_checkpoint), "--host", "0.0.0.0", "--port", port, "--address", "auto"]) == 1
     error = capsys.readouterr().err
     assert "without an API key" not in error and "sk-x" not in error
+
+
+@pytest.mark.parametrize("mode", [(), ("--replicas", "2")], ids=["one process", "ray"])
+def test_a_port_in_use_is_one_plain_line_before_anything_starts(lmk_checkpoint, mode):
+    """The command binds --host:--port first: a port in use exits 2 with one line naming it, no colour
+    codes, without loading the model or starting Ray (which would print more)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "lmk_embed_tools.cli", "serve", str(lmk_checkpoint), "--port",
+                               str(port), *mode], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                              env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"})
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 2 and lines == [f"lmk-embed serve: error: --port {port}: the port is already in use "
+                                               "on 127.0.0.1; stop what listens there or choose another --port"]
+
+
+def test_a_host_not_of_this_machine_is_one_line(lmk_checkpoint, capsys):
+    assert cli.main(["serve", str(lmk_checkpoint), "--host", "192.0.2.1"]) == 2  # TEST-NET-1: never local
+    error = capsys.readouterr().err
+    assert "--host '192.0.2.1'" in error and len(error.strip().splitlines()) == 1
+
+
+def test_errors_are_plain_text_without_terminal_codes(capsys):
+    """Ray's errors carry colour codes: the line printed holds none, and stays one line."""
+    from lmk_embed_tools.serve.command import error_line
+
+    error_line("\x1b[31mRayActorError\x1b[39m: The actor died\n  \x1b[1mTraceback\x1b[0m (most recent call last)")
+    assert capsys.readouterr().err == ("lmk-embed serve: error: RayActorError: The actor died Traceback (most recent "
+                                       "call last)\n")

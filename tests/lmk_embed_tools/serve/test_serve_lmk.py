@@ -1,7 +1,8 @@
 """`lmk-embed serve` with the tiny LMK checkpoint and a landmark index, through real clients: the
-`openai` package and httpx against one running server (started once for the module, its API key
-from the environment). The guards' full table runs on the app in process (test_serve_limits.py);
-here the rows that depend on Ray's proxy in front of it."""
+`openai` package and httpx against a running server, in both modes: one process (the default) and
+Ray Serve (`--replicas 1`), each started once for the module with its API key from the environment.
+The guards' full table runs on the app in process (test_serve_limits.py, test_serve_search_limits.py);
+here the rows that depend on the HTTP server (uvicorn, or Ray's proxy) in front of it."""
 
 import asyncio
 import copy
@@ -32,12 +33,22 @@ def index(tmp_path_factory, lmk_checkpoint):
     return write_indexes(tmp_path_factory.mktemp("serve-index"), lmk_checkpoint)
 
 
+# The modes: the flags that pick them.
+MODES = {"one process": (), "ray": ("--replicas", "1")}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def mode(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def server(lmk_checkpoint, index, tmp_path_factory):
+def server(lmk_checkpoint, index, tmp_path_factory, mode):
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     with running_server(lmk_checkpoint, "--index", str(index), "--max-input-tokens", str(MAX_INPUT_TOKENS),
                         "--max-batch-size", "8", "--batch-wait-ms", "10", "--read-timeout-s", "2",
-                        "--max-body-bytes", "200000", log_path=log, env={"LMK_EMBED_API_KEY": KEY}) as url:
+                        "--max-body-bytes", "200000", "--max-inputs", "64", *MODES[mode], log_path=log,
+                        env={"LMK_EMBED_API_KEY": KEY}) as url:
         yield url
 
 
@@ -135,7 +146,17 @@ ERROR_TABLE = [
     ("/v1/landmarks", {"model": "tiny", "input": ""} , None, None, None),  # an empty text has no landmarks: 200
     ("/v1/search", {"query": ["  "]}, 400, "query", "blank"),
     ("/v1/search", {"query": "x", "mode": "semantic"}, 400, "mode", "one of"),
-    ("/v1/search", {"query": "x", "top_k": 0}, 400, "top_k", "positive integer"),
+    ("/v1/search", {"query": "x", "top_k": 0}, 400, "top_k", "from 1 to 1000"),
+    ("/v1/search", {"query": "x", "top_k": 10**12}, 400, "top_k", "from 1 to 1000"),
+    ("/v1/search", {"query": "x", "top_k": 2**70}, 400, "top_k", "from 1 to 1000"),
+    ("/v1/search", {"query": ["x"] * 65}, 413, "query", "65 queries"),
+    ("/v1/search", {"query": ["x", LONGER]}, 413, "query", f"more than {MAX_INPUT_TOKENS} tokens"),
+    ("/v1/embeddings", '{"model": "tiny", "input": ' + "[" * 5000 + "]" * 5000 + "}", 400, None, "deeper than 1024"),
+    ("/v1/embeddings", '{"model": "tiny", "input": "x", "dimensions": ' + "7" * 5000 + "}", 400, "dimensions",
+     "5000 digits"),
+    ("/v1/embeddings", {"model": "tiny", "input": "x", "granularity": 2**70}, 400, "granularity", "positive integer"),
+    ("/v1/embeddings", {"model": "tiny", "input": "word " * 300, "long_input": "windows", "window_length": 3}, 400,
+     "window_length", "must hold one chunk"),
     ("/v1/search", {"query": "x", "fuse": 2}, 400, "fuse", "from 0 to 1"),
     ("/v1/search", {"query": "x", "mode": "hybrid", "fusion": "sum"}, 400, "fusion", "one of"),
     ("/v1/search", {"query": "x", "mode": "hybrid", "fuse_weight": -0.5}, 400, "fuse_weight", "from 0 to 1"),
@@ -259,11 +280,25 @@ def test_through_the_proxy_an_oversize_body_and_a_slow_client_are_refused(server
     assert post(server, "/v1/embeddings", {"model": "tiny", "input": "x"}).status_code == 200
 
 
-def test_the_local_ray_listens_on_loopback_only(server):
+def test_one_process_listens_on_its_port_only(server, mode):
+    """The default server is one process with one listening socket: --host:--port."""
+    if mode != "one process":
+        pytest.skip("Ray's own processes: the next test")
+    import psutil
+
+    port = int(server.rsplit(":", 1)[1])
+    serving = next(c.pid for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port)
+    listening = [c.laddr for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.pid == serving]
+    assert [(address.ip, address.port) for address in listening] == [("127.0.0.1", port)]
+
+
+def test_the_local_ray_listens_on_loopback_only(server, mode):
     """With --host 127.0.0.1 the command starts its Ray bound to loopback: no process of the server's
     session (gcs_server, raylet, workers, the proxy, the metrics agent) listens on another address,
     but for the one port Ray 2.60 binds on every interface whatever its options: each Serve replica's
     inter-deployment gRPC server (`[::]:0`, behind Ray's token authentication)."""
+    if mode != "ray":
+        pytest.skip("Ray mode only")
     import psutil
 
     port = int(server.rsplit(":", 1)[1])
@@ -297,3 +332,20 @@ def _loopback(ip: str) -> bool:
     address = ipaddress.ip_address(ip)
     mapped = getattr(address, "ipv4_mapped", None)
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def test_a_client_that_hangs_up_leaves_the_queue(server):
+    """64 queries sent over a raw connection closed before the answer: the server drops the request
+    (its queue empties) and answers the next one."""
+    import socket
+
+    host, port = server.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"query": [f"csv rows {number}" for number in range(64)], "top_k": 3}).encode()
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(b"POST /v1/search HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                           + f"authorization: Bearer {KEY}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{server}/health", timeout=30).json()["queued"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health", timeout=30).json()["queued"] == 0
+    assert post(server, "/v1/embeddings", {"model": "tiny", "input": "hi"}).status_code == 200
