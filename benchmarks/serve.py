@@ -1,26 +1,30 @@
-"""`lmk-embed serve` against in-process `encode()` and against Infinity, the peer server, in one run.
+"""`lmk-embed serve` in one process and on Ray Serve, against in-process `encode()` and against
+Infinity, the peer server, in one run.
 
     python -m benchmarks.serve [--peer-python runs/venv-infinity-peer/bin/python] [--short-requests 128]
-                               [--long-requests 16] [--concurrency 1 8 32] [--threads 1] [--replicas 1]
-    python -m benchmarks.serve --layouts 1x1 1x2 2x1 [--concurrency 32]   (replicas x threads only)
+                               [--long-requests 16] [--concurrency 1 8 32] [--threads 1] [--burst 300]
+    python -m benchmarks.serve --layouts 1x1 1x2 2x1 [--concurrency 32]   (Ray replicas x threads only)
+    python -m benchmarks.serve --profile                                   (the request path, stage by stage)
 
 1. In-process: all-MiniLM-L6-v2 converted to LMK (g=32, long texts read in its windows schedule:
    `--long-input windows`) with `encode()`, and the untouched MiniLM with sentence-transformers, on the same
    texts: one text per call (latency, the first 16 texts) and batches of 32 (throughput); short texts
    are measured before and after the servers and the faster pass is kept (the CPU is shared).
-2. Served: that MiniLM-LMK behind `lmk-embed serve` (--replicas replicas of --threads torch threads,
-   --max-batch-size 32, an API key and the default limits on); one text per request at each
-   concurrency, from an asyncio httpx client in this process; requests/s and p50/p99 latency; the
-   replica's RSS.
+2. Served: that MiniLM-LMK behind `lmk-embed serve`, first in one process (the default), then on Ray
+   Serve (`--replicas 1`), each with --threads torch threads, --max-batch-size 32, an API key and the
+   default limits; one text per request at each concurrency, from an asyncio httpx client in this
+   process; requests/s and p50/p99 latency; the server's RSS; the seconds from the command to its
+   first 200; and a burst of --burst requests at once (past the queue of 64): the 429s' p99 and any 5xx.
 3. The peer (`make bench-serve` builds runs/venv-infinity-peer): Infinity (`infinity_emb v2`, torch
    engine, batch size 32, one process of --threads torch threads) serving the untouched MiniLM, same
    texts, same client, same concurrency.
 
 Short texts are 30 to 80 words of stdlib documentation (at most 128 tokens); long ones 4,096 tokens.
 Infinity reads at most MiniLM's 256 tokens (it truncates longer inputs), so its long row is the cost
-of 256 tokens, not of 4,096. The ratios printed: served / in-process (batches of 32) at concurrency 32,
-served / Infinity at each cell, and the batching gain (concurrency 32 over 1). Servers run one at a
-time; the client shares the CPU with them, alike for both.
+of 256 tokens, not of 4,096. The ratios printed: each server / in-process (batches of 32) and /
+Infinity at concurrency 32, p50 at concurrency 1 against in-process `encode()` of one text, and the
+batching gain (concurrency 32 over 1). Servers run one at a time; the client shares the CPU with
+them, alike for all.
 """
 
 from __future__ import annotations
@@ -138,24 +142,61 @@ def rss_mb(pid: int, tree: bool = False) -> float:
     return sum(p.memory_info().rss for p in processes if p.is_running()) / 2**20
 
 
-def run_ours(checkpoint: Path, texts: dict, args, replicas: int = 1, threads: int | None = None,
-             concurrencies: list[int] | None = None) -> dict:
+MODES = {"one process": (), "ray": ("--replicas",)}
+KEY = "sk-serve-benchmark"
+
+
+async def burst(url: str, model: str, text: str, count: int, headers: dict | None = None) -> dict:
+    """`count` requests sent at once: statuses, and the 429s' latency percentiles."""
+    import httpx
+
+    statuses, refused = [], []
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
+        async def one():
+            start = time.perf_counter()
+            response = await client.post(url, json={"model": model, "input": [text]})
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                refused.append(time.perf_counter() - start)
+
+        await asyncio.gather(*(one() for _ in range(count)))
+    counts = {str(status): statuses.count(status) for status in sorted(set(statuses))}
+    return {"statuses": counts, "server_errors": sum(1 for status in statuses if status >= 500),
+            "p50_429_ms": percentile_ms(refused, 50) if refused else None,
+            "p99_429_ms": percentile_ms(refused, 99) if refused else None}
+
+
+def run_ours(checkpoint: Path, texts: dict, args, mode: str = "one process", replicas: int = 1,
+             threads: int | None = None, concurrencies: list[int] | None = None) -> dict:
     import httpx
 
     from lmk_embed_tools.serve.process import lmk_embed_server
 
-    options = ["--num-cpus", str(threads or args.threads), "--replicas", str(replicas), "--max-batch-size", str(BATCH),
-               "--batch-wait-ms", "5"]
+    threads = threads or args.threads
+    options = ["--num-cpus", str(threads), "--max-batch-size", str(BATCH)]
+    if mode == "ray":
+        options += ["--replicas", str(replicas)]
     log = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "serve.log"
-    key = "sk-serve-benchmark"
+    headers = {"authorization": f"Bearer {KEY}"}
+    label = f"serve, {mode}" + (f" {replicas}x{threads}" if mode == "ray" else f" {threads}t")
+    started = time.monotonic()
     with lmk_embed_server(checkpoint, *options, name="minilm-lmk", log_path=log,
-                          env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "LMK_EMBED_API_KEY": key}) as url:
-        cells = measure_server(f"{url}/v1/embeddings", "minilm-lmk", texts, concurrencies or args.concurrency,
-                               f"lmk-embed serve {replicas}x{threads or args.threads}",
-                               headers={"authorization": f"Bearer {key}"})
-        replica = httpx.get(f"{url}/health").json()["pid"]
-        cells["replica_rss_mb"] = rss_mb(replica)
-    print(f"  lmk-embed serve replica RSS {cells['replica_rss_mb']:.0f} MB")
+                          env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "LMK_EMBED_API_KEY": KEY}) as url:
+        first = httpx.post(f"{url}/v1/embeddings", json={"model": "minilm-lmk", "input": ["first"]}, headers=headers,
+                           timeout=600)
+        cells = {"start_to_first_200_s": time.monotonic() - started if first.status_code == 200 else None}
+        print(f"  {label:<22} command to first 200: {cells['start_to_first_200_s']:.1f} s", flush=True)
+        cells.update(measure_server(f"{url}/v1/embeddings", "minilm-lmk", texts, concurrencies or args.concurrency,
+                                    label, headers=headers))
+        if args.burst:
+            cells["burst"] = asyncio.run(burst(f"{url}/v1/embeddings", "minilm-lmk", texts["short"][0], args.burst,
+                                               headers))
+            print(f"  {label:<22} burst of {args.burst}: statuses {cells['burst']['statuses']}, 429 p50 "
+                  f"{cells['burst']['p50_429_ms'] or 0:.1f} ms, p99 {cells['burst']['p99_429_ms'] or 0:.1f} ms", flush=True)
+        server = httpx.get(f"{url}/health").json()["pid"]
+        cells["server_rss_mb"] = rss_mb(server)
+    print(f"  {label:<22} RSS {cells['server_rss_mb']:.0f} MB")
     return cells
 
 
@@ -168,9 +209,17 @@ def run_infinity(peer_python: str, model_path: str, texts: dict, args) -> dict:
                "--batch-size", str(BATCH)]
     env = {"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "OMP_NUM_THREADS": str(args.threads)}
     log = Path(tempfile.mkdtemp(prefix="infinity-bench-")) / "infinity.log"
+    started = time.monotonic()
     with running(command, f"http://127.0.0.1:{port}/health", env=env, log_path=log) as process:
+        import httpx
+
+        first = httpx.post(f"http://127.0.0.1:{port}/embeddings", json={"model": "minilm", "input": ["first"]},
+                           timeout=600)
+        start_s = time.monotonic() - started if first.status_code == 200 else None
+        print(f"  {'Infinity':<22} command to first 200: {start_s:.1f} s", flush=True)
         cells = measure_server(f"http://127.0.0.1:{port}/embeddings", "minilm", texts, args.concurrency, "Infinity")
         cells["server_rss_mb"] = rss_mb(process.pid, tree=True)
+        cells["start_to_first_200_s"] = start_s
     print(f"  Infinity server RSS {cells['server_rss_mb']:.0f} MB")
     return cells
 
@@ -182,7 +231,7 @@ def run_layouts(checkpoint: Path, texts: dict, args) -> dict:
     rows = {}
     for layout in args.layouts:
         replicas, threads = (int(part) for part in layout.split("x"))
-        cells = run_ours(checkpoint, texts, args, replicas, threads, [top])
+        cells = run_ours(checkpoint, texts, args, "ray", replicas, threads, [top])
         rows[layout] = {kind: cells[f"{kind}@{top}"]["requests_per_s"] for kind in texts}
     for layout, rates in rows.items():
         cores = min(os.cpu_count(), int(np.prod([int(part) for part in layout.split("x")])))
@@ -192,21 +241,85 @@ def run_layouts(checkpoint: Path, texts: dict, args) -> dict:
 
 
 def ratio_lines(results: dict, concurrencies: list[int]) -> list[str]:
-    ours, peer, local = results["served"], results.get("infinity"), results["in_process"]
+    peer, local = results.get("infinity"), results["in_process"]["minilm-lmk"]
     top, one = max(concurrencies), min(concurrencies)
     lines = []
-    for kind in ("short", "long"):
-        served = ours[f"{kind}@{top}"]["requests_per_s"]
-        lines.append(f"  {kind}: served c={top} / in-process encode (batches of {BATCH}): "
-                     f"{served / local['minilm-lmk'][kind]['texts_per_s_batched']:.2f}x")
-        lines.append(f"  {kind}: batching gain, served c={top} / c={one}: "
-                     f"{served / ours[f'{kind}@{one}']['requests_per_s']:.2f}x")
-        if peer:
-            for concurrency in concurrencies:
-                cell = f"{kind}@{concurrency}"
-                lines.append(f"  {kind}: served / Infinity at c={concurrency}: "
-                             f"{ours[cell]['requests_per_s'] / peer[cell]['requests_per_s']:.2f}x")
+    for mode in MODES:
+        ours = results["served"].get(mode)
+        if not ours:
+            continue
+        for kind in ("short", "long"):
+            served = ours[f"{kind}@{top}"]["requests_per_s"]
+            lines.append(f"  {mode}, {kind}: served c={top} / in-process encode (batches of {BATCH}): "
+                         f"{served / local[kind]['texts_per_s_batched']:.2f}x; batching gain c={top} / c={one}: "
+                         f"{served / ours[f'{kind}@{one}']['requests_per_s']:.2f}x")
+            if peer:
+                lines.append(f"  {mode}, {kind}: served / Infinity at c=" + ", ".join(
+                    f"{c}: {ours[f'{kind}@{c}']['requests_per_s'] / peer[f'{kind}@{c}']['requests_per_s']:.2f}x"
+                    for c in concurrencies))
+        lines.append(f"  {mode}: p50 at c={one}, short, minus in-process encode of one text: "
+                     f"{ours[f'short@{one}']['p50_ms'] - local['short']['p50_ms_single']:+.1f} ms")
+    if results["served"].get("ray") and results["served"].get("one process"):
+        lines.append(f"  one process / Ray Serve, short c={top}: "
+                     f"{results['served']['one process'][f'short@{top}']['requests_per_s'] / results['served']['ray'][f'short@{top}']['requests_per_s']:.2f}x")
     return lines
+
+
+def profile_path(checkpoint: Path, texts: list[str], repeats: int = 200) -> dict:
+    """Each stage of one request of one short text, in this process (median microseconds): parsing the
+    body, counting its tokens (the limits), the model's `encode()`, the response written by orjson;
+    and the whole request through the app (httpx's ASGI transport, model thread and batching included)."""
+    import httpx
+
+    from lmk_embed_tools.serve import protocol
+    from lmk_embed_tools.serve.app import Frontend, build_api, key_digest
+    from lmk_embed_tools.serve.model import ServedModel
+
+    served = ServedModel(str(checkpoint), "minilm-lmk", max_input_tokens=protocol.Limits().max_input_tokens,
+                         max_request_tokens=protocol.Limits().max_request_tokens, num_threads=1)
+    bodies = [json.dumps({"model": "minilm-lmk", "input": [text]}).encode() for text in texts]
+    parsed = [protocol.parse_embeddings(protocol.parse_json(body), "minilm-lmk", served.dimension, served.family,
+                                        per_request=served.per_request, fixed=served.fixed) for body in bodies]
+    vectors = [served.embed([request])[0] for request in parsed[:8]]
+
+    def median_us(function, items) -> float:
+        times = []
+        for number in range(repeats):
+            item = items[number % len(items)]
+            start = time.perf_counter()
+            function(item)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times) * 1e6)
+
+    stages = {
+        "parse (orjson + checks)": median_us(lambda body: protocol.parse_embeddings(
+            protocol.parse_json(body), "minilm-lmk", served.dimension, served.family, per_request=served.per_request,
+            fixed=served.fixed), bodies),
+        "count tokens (limits)": median_us(served.check, parsed),
+        "model encode() of the text": median_us(lambda request: served.embed([request]), parsed[:32]),
+        "response, float (orjson)": median_us(lambda vector: protocol.dump_json(protocol.embeddings_response(
+            vector, parsed[0], "minilm-lmk", 10)), vectors),
+        "response, float (json of tolist, before)": median_us(lambda vector: json.dumps(
+            {"data": [{"embedding": row.tolist()} for row in vector]}).encode(), vectors),
+    }
+    frontend = Frontend(served, protocol.Limits(), key_digest(KEY))
+    api = build_api(frontend)
+
+    async def through_app() -> float:
+        times = []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://bench",
+                                     headers={"authorization": f"Bearer {KEY}"}) as client:
+            for number in range(repeats // 2):
+                start = time.perf_counter()
+                response = await client.post("/v1/embeddings", content=bodies[number % len(bodies)],
+                                             headers={"content-type": "application/json"})
+                times.append(time.perf_counter() - start)
+                assert response.status_code == 200
+        return float(np.median(times) * 1e6)
+
+    stages["the whole request through the app"] = asyncio.run(through_app())
+    frontend.batcher.close()
+    return stages
 
 
 def main() -> None:
@@ -217,13 +330,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every side (1: on shared cores 2 threads spin against other jobs, "
                              "1.5 s for a short text against 62 ms with 1, measured)")
-    parser.add_argument("--replicas", type=int, default=1, help="replicas of lmk-embed serve (Infinity is one process)")
+    parser.add_argument("--burst", type=int, default=300, help="requests sent at once to each server (0: none)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
+                        help="which lmk-embed serve modes to run (default: both)")
     parser.add_argument("--peer-python", default=str(DEFAULT_PEER) if DEFAULT_PEER.exists() else None)
     parser.add_argument("--layouts", nargs="+", default=None, metavar="RxT",
-                        help="only measure these replicas x threads layouts of lmk-embed serve (e.g. 1x1 1x2 2x1)")
+                        help="only measure these Ray replicas x threads layouts of lmk-embed serve (e.g. 1x1 1x2 2x1)")
+    parser.add_argument("--profile", action="store_true", help="only time the request path's stages in this process")
     args = parser.parse_args()
-    if args.replicas < 1 or args.threads < 1:
-        parser.error("--replicas and --threads must be at least 1")
+    if args.threads < 1 or args.burst < 0:
+        parser.error("--threads must be at least 1 and --burst at least 0")
     for layout in args.layouts or []:
         parts = layout.split("x")
         if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
@@ -246,6 +362,13 @@ def main() -> None:
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores; flags {cpu_flags()}); load average at start "
           f"{os.getloadavg()[0]:.2f}; {args.threads} threads per side")
     print(f"{len(texts['short'])} short texts (<= 128 tokens), {len(texts['long'])} long ({LONG_TOKENS} tokens)")
+    if args.profile:
+        print("the request path of one short text, in this process (median microseconds)")
+        stages = profile_path(checkpoint, texts["short"])
+        for stage, micros in stages.items():
+            print(f"  {stage:<45} {micros:10.0f} us")
+        print(f"saved {save_results('serve_profile', {'cpu': cpu_model(), 'cpu_flags': cpu_flags(), 'stages': stages})}")
+        return
     if args.layouts:
         print("lmk-embed serve layouts (replicas x threads)")
         results = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "layouts": run_layouts(checkpoint, texts, args)}
@@ -258,7 +381,7 @@ def main() -> None:
              "minilm (sentence-transformers)": lambda batch: plain.encode(batch, batch_size=BATCH,
                                                                           show_progress_bar=False)}
     results = {"in_process": {}, "cpu": cpu_model(), "cpu_flags": cpu_flags(), "threads": args.threads,
-               "replicas": args.replicas, "concurrency": args.concurrency}
+               "concurrency": args.concurrency, "load_average_at_start": os.getloadavg()[0]}
     for name, encode in sides.items():
         results["in_process"][name] = {kind: in_process(encode, items) for kind, items in texts.items()}
         for kind, row in results["in_process"][name].items():
@@ -266,8 +389,10 @@ def main() -> None:
                   f"{row['texts_per_s_single']:8.1f} texts/s, p50 {row['p50_ms_single']:.1f} ms, "
                   f"p99 {row['p99_ms_single']:.1f} ms", flush=True)
 
-    print(f"2. lmk-embed serve (MiniLM-LMK, {args.replicas} replica(s) of {args.threads} thread(s))")
-    results["served"] = run_ours(checkpoint, texts, args, replicas=args.replicas)
+    results["served"] = {}
+    for mode in args.modes:
+        print(f"2. lmk-embed serve, {mode} (MiniLM-LMK, {args.threads} torch thread(s))")
+        results["served"][mode] = run_ours(checkpoint, texts, args, mode)
     print("3. Infinity (untouched MiniLM)")
     if args.peer_python:
         results["infinity"] = run_infinity(args.peer_python, minilm, texts, args)
@@ -283,6 +408,8 @@ def main() -> None:
     print("ratios")
     for line in ratio_lines(results, args.concurrency):
         print(line)
+    results["load_average_at_end"] = os.getloadavg()[0]
+    print(f"load average at the end {results['load_average_at_end']:.2f}")
     print(f"saved {save_results('serve', results)}")
 
 

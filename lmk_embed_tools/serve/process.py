@@ -1,5 +1,5 @@
-"""An HTTP server in a process of its own, up until the block ends: `lmk-embed serve` for tests and
-benchmarks, and a peer server for the benchmark."""
+"""An HTTP server in a process of its own, up until the block ends: `lmk-embed serve` (one process,
+or Ray Serve with its flags) for tests and benchmarks, and a peer server for the benchmark."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def running(command: list[str], health_url: str, timeout_s: float = 180, env: di
             if process.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
                 raise RuntimeError(f"{command[0]} did not come up (exit {process.poll()}):\n{log.read()[-4000:]}")
-            time.sleep(0.5)
+            time.sleep(0.1)
         yield process
     finally:
         process.send_signal(signal.SIGTERM)
