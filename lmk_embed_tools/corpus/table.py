@@ -5,7 +5,8 @@
   document's landmark vectors, searched by max-sim) and `landmark_spans` ([start, end) characters).
 - `shards`: one row per finished shard with its counts (rows, truncated, empty, tokens).
 - `record`: one row, the index's record as JSON: format, model identity, settings, input,
-  dimension, the hybrid weight, and once complete the `documents` version it was finished at.
+  dimension, the hybrid weight, and once complete the `documents` version it was finished at and
+  BM25's tokenizer (`lexical`, `LEXICAL_TOKENIZER`).
 
 A shard is one `add` to `documents`, and Lance commits an `add` whole or not at all, so a killed
 worker leaves its shard absent, never half there: a rerun redoes the shards whose rows are not all
@@ -24,6 +25,12 @@ import numpy as np
 FORMAT = "lmk-embed-landmarks/2"
 DOCUMENTS, SHARDS, RECORD = "documents", "shards", "record"
 DEFAULT_HYBRID_WEIGHT = 0.5  # BM25's share in min-max fusion (the evaluation's default)
+# BM25's one configuration: the tokenizer of the full-text index (LanceDB's FTS) that `search`, `serve`
+# and `evaluate --through-index` rank with: lower-cased, ASCII-folded words, English stop words removed,
+# stemmed. Stemming was chosen on validation (deep:systems and the validation split; docs/experiments.md).
+# Written into the record as "lexical".
+LEXICAL_TOKENIZER = {"base_tokenizer": "simple", "language": "English", "max_token_length": 40, "lower_case": True,
+                     "stem": True, "remove_stop_words": True, "ascii_folding": True}
 # Landmark vectors below which search scans them all (exact); at and above, a vector index. LanceDB's
 # multivector flat scan took 670 ms a query at 100k landmarks against 10-12 ms through IVF_SQ with
 # recall@10 0.99-1.0 (benchmarks/landmark_index.py): the scan is kept for small indexes only.
@@ -168,9 +175,9 @@ def finish(folder, record: dict, flat_limit: float = FLAT_LIMIT, index_type: str
     rows = documents.count_rows()
     landmarks = landmark_count(documents) if rows else 0
     if rows:
-        documents.create_index("text", config=FTS(with_position=False), replace=True)
+        documents.create_index("text", config=FTS(with_position=False, **LEXICAL_TOKENIZER), replace=True)
         documents.create_scalar_index("row", replace=True)
-    record["vector_index"] = None
+    record["vector_index"], record["lexical"] = None, dict(LEXICAL_TOKENIZER)
     if landmarks and landmarks >= flat_limit:
         record["vector_index"] = build_vector_index(documents, landmarks, index_type or VECTOR_INDEX)
     record.update(complete=True, rows=rows, landmarks=landmarks, version=documents.version)
@@ -204,5 +211,5 @@ def build_vector_index(documents, landmarks: int, index_type: str) -> dict:
             "nprobes": NPROBES, "refine_factor": 4}
 
 
-__all__ = ["DEFAULT_HYBRID_WEIGHT", "FLAT_LIMIT", "FORMAT", "connect", "create", "finish", "finished_shards",
-           "is_index", "read_record", "shard_rows", "write_record", "write_shard"]
+__all__ = ["DEFAULT_HYBRID_WEIGHT", "FLAT_LIMIT", "FORMAT", "LEXICAL_TOKENIZER", "connect", "create", "finish",
+           "finished_shards", "is_index", "read_record", "shard_rows", "write_record", "write_shard"]

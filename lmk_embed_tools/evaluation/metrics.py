@@ -28,6 +28,9 @@ def score_run(run: Mapping[str, Mapping[str, float]], relevant: Mapping[str, Map
 def top_k_run(scores: np.ndarray, query_ids: list[str], doc_ids: list[str], k: int = 100) -> dict[str, dict[str, float]]:
     """The run (query id -> {doc id: score}) of the `k` best documents per query, from `scores` [Q, N].
 
-    mteb keeps the top 100 (and breaks ties by doc id, like pytrec_eval); so do we."""
+    mteb keeps the top 100 (and breaks ties by doc id, like pytrec_eval); so do we. A score of -inf is a
+    document the retriever did not return (a search's top k): it is left out of the run, and a query
+    with none returned keeps an empty run (it scores 0)."""
     best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return {q: {doc_ids[j]: float(scores[i, j]) for j in best[i]} for i, q in enumerate(query_ids)}
+    return {q: {doc_ids[j]: float(scores[i, j]) for j in best[i] if scores[i, j] > -np.inf}
+            for i, q in enumerate(query_ids)}
