@@ -24,32 +24,31 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def check_positive_int(name: str, value, error: type[Exception] = ValueError) -> int:
-    """`value` if it is an int above 0 (bools refused), else `error` naming `name`: the shipped rule
-    (`lmk_embed.encoding.check_positive_int`), raised as the caller's error type."""
-    from lmk_embed.encoding import check_positive_int as rule  # lazily: torch loads only when a value is checked
-
-    try:
-        return rule(name, value)
-    except (TypeError, ValueError) as problem:
-        raise error(str(problem).rstrip(".")) from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer above 0 (the same rule, on the flag's text)."""
+def flag_value(text: str, rule, takes: str):
+    """A flag's text checked by one of the shipped rules (`rule(value)`): read as an integer
+    when it is one, else kept as text for the rule to take or refuse; argparse's error otherwise."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+        value = text
     try:
-        return check_positive_int("value", value, argparse.ArgumentTypeError)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}") from None
+        return rule(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"must be {takes}, got {value!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer above 0 (`lmk_embed.encoding.check_positive_int`, the one rule)."""
+    from lmk_embed.encoding import check_positive_int  # lazily: torch loads only when a flag is given
+
+    return flag_value(text, lambda value: check_positive_int("value", value), "a positive integer")
 
 
 def block_size(text: str) -> int | str:
-    """argparse type: V tokens per vertical block, or "auto"."""
-    return "auto" if text == "auto" else positive_int(text)
+    """argparse type: V tokens per vertical block, or "auto" (the option's rule, `check_block_size`)."""
+    from lmk_embed.configuration_recurrent import check_block_size
+
+    return flag_value(text, check_block_size, "a positive integer or 'auto'")
 
 
 def check_source(source: str, name: str = "`source`") -> None:
@@ -92,12 +91,14 @@ def one_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-# bitsandbytes prints a line when it is imported, and peft imports it whenever it is installed. The
-# console command keeps it out (`find_spec` then reports it missing) unless a run asks for 4-bit
-# (QLoRA), so that a one-line error is the only line. Only there: peft caches the answer per process.
+# bitsandbytes logs a warning when it is imported on some CPUs, and peft imports it whenever it is
+# installed (`lmk_embed_tools.compat.bitsandbytes_kept_out` says where). Only QLoRA needs it.
 QUANTISATION_MODULE = "bitsandbytes"
 
 
 def keep_out_quantisation(args: argparse.Namespace) -> None:
+    """The console command keeps bitsandbytes out for the whole process unless the run asks for 4-bit
+    (QLoRA): a one-line error is then the only line. Only there: peft caches the answer per process."""
     if getattr(args, "console", False) and QUANTISATION_MODULE not in sys.modules:
         sys.modules[QUANTISATION_MODULE] = None
+

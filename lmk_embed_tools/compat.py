@@ -9,6 +9,10 @@ shipped code's `UntestedVersionError`.
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+from importlib.util import find_spec
+
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
@@ -112,3 +116,38 @@ def transformers_model(model):
 
 __all__ = ["TESTED", "UntestedVersionError", "attention_implementation", "check_tested", "dataset_fingerprint",
            "mteb_retrieval_scores", "single_writer_trainer", "transformers_model"]
+
+
+@contextmanager
+def bitsandbytes_kept_out(keep_out: bool = True):
+    """Inside, bitsandbytes is reported missing (a `None` in `sys.modules`, Python's own rule) unless it
+    is imported already or `keep_out` is False (a run that asks for 4-bit weights).
+
+    peft 0.21 imports bitsandbytes whenever it is installed: at `import peft` (`peft/helpers.py`), which
+    transformers' trainer and sentence-transformers do, and when it wraps a layer in LoRA (its
+    bitsandbytes dispatchers). bitsandbytes 0.50 then logs "Failed to load CPU gemm_4bit_forward from
+    kernels-community" on a CPU with AVX512_BF16 and without the `kernels` package. On exit, peft's
+    cached answers (`peft.import_utils.is_bnb_available`, `is_bnb_4bit_available`) are dropped, so that
+    a later QLoRA run in the process finds bitsandbytes. Private: peft has no switch for it. No version
+    guard: a peft without these caches has nothing to drop, and nothing is computed from them here."""
+    if not keep_out or "bitsandbytes" in sys.modules:
+        yield
+        return
+    sys.modules["bitsandbytes"] = None
+    try:
+        yield
+    finally:
+        del sys.modules["bitsandbytes"]
+        import_utils = sys.modules.get("peft.import_utils")
+        for name in ("is_bnb_available", "is_bnb_4bit_available"):
+            cached = getattr(import_utils, name, None)
+            if hasattr(cached, "cache_clear"):
+                cached.cache_clear()
+
+
+def import_peft_without_bitsandbytes() -> None:
+    """Import peft with bitsandbytes kept out for that import only (`bitsandbytes_kept_out`): training
+    calls this before sentence-transformers imports peft."""
+    if "peft" not in sys.modules and find_spec("peft") is not None:
+        with bitsandbytes_kept_out():
+            import peft  # noqa: F401

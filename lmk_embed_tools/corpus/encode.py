@@ -9,8 +9,6 @@ import os
 import time
 from pathlib import Path
 
-from lmk_embed_tools.commandline import check_positive_int
-
 from . import shards as shard_files
 from . import table as index_table
 from .inputs import CorpusInputError, check_sources, resolve_sources
@@ -328,11 +326,16 @@ def _check_arguments(*, batch_size, num_workers, shard_size, max_length, engine,
                      backend, text_field, id_field, path_field, gpus_per_worker, onnx_file, window_length) -> None:
     """Every argument of `encode_corpus` that is not a path, checked before anything is read or written
     (the model's own `resolve` checks max_length and window_length against the model)."""
-    for name, value in (("batch_size", batch_size), ("num_workers", num_workers), ("shard_size", shard_size)):
-        check_positive_int(name, value, CorpusArgumentError)
-    for name, value in (("max_length", max_length), ("window_length", window_length)):
-        if value is not None:
-            check_positive_int(name, value, CorpusArgumentError)
+    from lmk_embed.encoding import check_positive_int  # lazily: torch loads once a job runs
+
+    for name, value in (("batch_size", batch_size), ("num_workers", num_workers), ("shard_size", shard_size),
+                        ("max_length", max_length), ("window_length", window_length)):
+        if value is None and name in ("max_length", "window_length"):
+            continue
+        try:
+            check_positive_int(name, value)
+        except (TypeError, ValueError) as problem:  # one error type for every argument of the job
+            raise CorpusArgumentError(str(problem).rstrip(".")) from None
     if onnx_file is not None and backend != "onnx":
         raise CorpusArgumentError(f"`onnx_file` (--onnx-file) {onnx_file!r} is the graph of `backend` 'onnx'; add "
                                   f"--backend onnx to run it, or leave --onnx-file out to run on {backend}")

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from lmk_embed_tools.commandline import import_peft_without_quantisation
+from lmk_embed_tools.compat import bitsandbytes_kept_out, import_peft_without_bitsandbytes
 
-import_peft_without_quantisation()  # before sentence-transformers: bitsandbytes only for QLoRA
+import_peft_without_bitsandbytes()  # before sentence-transformers imports it: bitsandbytes only for QLoRA
 from sentence_transformers.base.sampler import DefaultBatchSampler
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 from torch import nn
@@ -510,6 +510,12 @@ def training_arguments(config: TrainConfig, family: str, output_dir: Path, eval_
 def train(config: TrainConfig) -> dict:
     """Run `config`; returns the trained SentenceTransformer ("model"), "final_dir", held-out "metrics",
     "log_history", "granularities_drawn", "load_report" and "global_step"."""
+    with bitsandbytes_kept_out(config.finetune != "qlora"):  # peft imports it whenever it wraps a layer in LoRA
+        return _run(config)
+
+
+def _run(config: TrainConfig) -> dict:
+    """`train`'s run, with bitsandbytes kept out unless it asks for 4-bit weights."""
     from sentence_transformers import SentenceTransformerTrainer
     from transformers import set_seed
 
