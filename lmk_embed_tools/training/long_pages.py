@@ -96,6 +96,91 @@ def deep_sentence_rows(corpus: dict[str, list[DocItem]], tokenizer, content_toke
             and not any(row["query"] in other["positive"] for other in rows if other is not row)]
 
 
+def sentence_pattern(sentence: str) -> re.Pattern:
+    """A prose sentence as `sentences` gives it (whitespace runs made one space) -> the pattern of its
+    words with any whitespace between them: how it stands in the raw text, line breaks included."""
+    return re.compile(r"\s+".join(re.escape(word) for word in sentence.split()))
+
+
+def shares_words(query: str, text: str, run: int = 6) -> bool:
+    """Whether `text` holds any `run` consecutive words of `query` (a near-copy: a false negative)."""
+    words, flat = query.split(), " ".join(text.split())
+    return any(" ".join(words[i:i + run]) in flat for i in range(max(len(words) - run + 1, 1)))
+
+
+def window_sentence_rows(corpus: dict[str, list[DocItem]], tokenizer, window_tokens: int, max_rows: int | None = None,
+                         per_page: int = 2, max_windows: int = 8, num_negatives: int = 1, seed: int = 0) -> list[dict]:
+    """Self-made deep rows at the index's unit: the query is one prose sentence inside a window of
+    `window_tokens` content tokens of a training page (a window past the first where the page has more;
+    the first `max_windows` windows of a page), and the positive is that window with the sentence
+    removed. Its `num_negatives` hard negatives are the windows of other pages of the same source that
+    BM25 ranks highest for the query, never one that shares six words running with it. Up to `per_page`
+    rows a page, pages in a seeded order; a query found twice in its page, or in two rows, is left out."""
+    import bm25s
+    import numpy as np
+
+    from lmk_embed.encoding import encode_content
+
+    items = sorted(training_items(corpus), key=lambda item: item.name)
+    rng = random.Random(seed)
+    rng.shuffle(items)
+    encodings = encode_content(tokenizer, [item.text for item in items], max_tokens=window_tokens * max_windows)
+    windows: list[tuple[int, str, str]] = []  # (page, source, text): every window read, the negatives' pool
+    rows = []
+    for page, (item, encoding) in enumerate(zip(items, encodings)):
+        offsets = encoding.offsets[:window_tokens * max_windows]
+        texts = [item.text[offsets[start][0]:offsets[min(start + window_tokens, len(offsets)) - 1][1]]
+                 for start in range(0, len(offsets), window_tokens)]
+        windows += [(page, item.source, text) for text in texts]
+        candidates = list(range(1, len(texts))) or [0]
+        rng.shuffle(candidates)
+        made = 0
+        for index in candidates:
+            if made == per_page or (max_rows is not None and len(rows) >= max_rows):
+                break
+            text, found = texts[index], []
+            for _, sentence in sentences(text):
+                matches = list(sentence_pattern(sentence).finditer(item.text))
+                inside = list(sentence_pattern(sentence).finditer(text))
+                # once in the page, and not cut by the window's edges (a fragment reads as a sentence)
+                if len(matches) == 1 and len(inside) == 1 and 0 < inside[0].start() and inside[0].end() < len(text) \
+                        and item.synopsis not in sentence:
+                    found.append((sentence, inside[0]))
+            if not found:
+                continue
+            query, match = rng.choice(found)
+            rows.append({"query": query, "positive": text[:match.start()] + " " + text[match.end():], "negatives": [],
+                         "teacher_scores": None, "task": None, "source": item.source, "name": item.name,
+                         "kind": "window", "page": page})
+            made += 1
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["query"]] = counts.get(row["query"], 0) + 1
+    rows = [row for row in rows if counts[row["query"]] == 1]
+    by_source: dict[str, list[int]] = {}
+    for position, (_, source, _) in enumerate(windows):
+        by_source.setdefault(source, []).append(position)
+    for source, positions in by_source.items():
+        asking = [row for row in rows if row["source"] == source]
+        if not asking or num_negatives == 0:
+            continue
+        retriever = bm25s.BM25()
+        retriever.index(bm25s.tokenize([windows[p][2] for p in positions], stopwords="en", show_progress=False),
+                        show_progress=False)
+        k = min(num_negatives + 30, len(positions))
+        ranked, _ = retriever.retrieve(bm25s.tokenize([row["query"] for row in asking], stopwords="en",
+                                                      show_progress=False), k=k, show_progress=False, n_threads=1)
+        for row, found in zip(asking, np.asarray(ranked).tolist()):
+            for position in (positions[i] for i in found):
+                page, _, text = windows[position]
+                if len(row["negatives"]) < num_negatives and page != row["page"] and not shares_words(row["query"], text):
+                    row["negatives"].append(text)
+    kept = [row for row in rows if len(row["negatives"]) == num_negatives]
+    for row in kept:
+        del row["page"]
+    return kept
+
+
 def add_page_targets(rows: list[dict], teacher, query_tokens: int, content_tokens: int, window: int,
                      first_window_weight: float = 0.0, batch_size: int = 32) -> list[dict]:
     """Cut each row's query to `query_tokens` and passages to `content_tokens` content tokens (what

@@ -250,3 +250,26 @@ def test_the_max_sim_term_scores_every_passage_by_its_best_landmark_and_trains(t
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in st.parameters())
     with pytest.raises(ValueError, match="need a teacher"):
         LongPageLoss(st, None, temperature=0.1, weight=0.0, window_weight=0.0, landmark_weight=1.0)
+
+
+def test_window_sentence_rows_remove_a_sentence_from_its_window_with_a_bm25_negative(teacher):
+    from lmk_embed_tools.training.corpora import DocItem
+    from lmk_embed_tools.training.long_pages import shares_words, window_sentence_rows
+
+    filler = " ".join(stdlib_texts(80))
+    facts = ["The lighthouse keeper records every passing ship in a leather bound ledger.",
+             "Each harbour pilot signs the ledger before the ships leave the bay at dawn.",
+             "The ledger is kept in a dry cabinet beside the lamp room of the tower."]
+    items = [DocItem(source="torch", module=f"torch.m{i}", name=f"torch.Page{i}", kind="class", synopsis=f"Page {i}.",
+                     text=filler[i * 500:i * 500 + 1500] + "\n\n" + fact + "\n\n" + filler[:800])
+             for i, fact in enumerate(facts)]
+    rows = window_sentence_rows({"torch": items}, teacher.tokenizer, window_tokens=120, per_page=3)
+    assert rows and len({row["query"] for row in rows}) == len(rows)
+    pages = [item.text for item in items]
+    for row in rows:
+        assert row["query"] not in " ".join(row["positive"].split())  # removed from its window
+        assert sum(" ".join(row["query"].split()) in " ".join(page.split()) for page in pages) >= 1
+        assert len(teacher.tokenizer(row["positive"], add_special_tokens=False)["input_ids"]) <= 120
+        assert len(row["negatives"]) == 1 and not shares_words(row["query"], row["negatives"][0])
+        assert row["negatives"][0] not in [row["positive"]]
+    assert window_sentence_rows({"torch": items}, teacher.tokenizer, window_tokens=120, per_page=3) == rows
