@@ -44,17 +44,22 @@ def check_window_length(window_length, name: str = "window_length", limit: int |
 
 
 def check_granularities(granularities) -> list[int]:
-    """The `variable` splitter's set as a list, or an error naming `granularities`: positive integers."""
+    """The `variable` splitter's set as a list, or an error naming `granularities`: positive integers,
+    at least one (the splitter draws g from it)."""
     if isinstance(granularities, (str, bytes)) or not hasattr(granularities, "__iter__"):
         raise TypeError(f"`granularities` must be a list of positive integers, got {granularities!r}.")
-    return [check_positive_int("granularities", g) for g in granularities]
+    checked = [check_positive_int("granularities", g) for g in granularities]
+    if not checked:
+        raise ValueError("`granularities` must hold at least one positive integer (the `variable` splitter draws g "
+                         "from it), got an empty list.")
+    return checked
 
 
-def _window_length_rule(window_length, config) -> int | None:
-    window_length = check_window_length(window_length)
+def _window_length_rule(window_length, config, name: str = "window_length") -> int | None:
+    window_length = check_window_length(window_length, name)
     if window_length is not None and config.pooling != "lmk":
-        raise ValueError(f"`window_length` is the window of long_input='windows', which pools landmarks: it needs "
-                         f"pooling='lmk', not {config.pooling!r} (leave window_length out).")
+        raise ValueError(f"`{name}` is the window of long_input='windows', which pools landmarks: it needs "
+                         f"pooling='lmk', not {config.pooling!r} (leave {name} out).")
     return window_length
 
 
@@ -102,6 +107,9 @@ class LMKConfig(PretrainedConfig):
         per call; windows needs `lmk` pooling).
     window_length: W, the most tokens of one window, its start token and landmarks included (None:
         the backbone's original positions).
+    index_window_length: the W that landmark vectors and late chunks (`encode(output_value=...)`, and so
+        an index) are read in by default, chosen for search (None: `window_length`); the document
+        vector keeps `window_length`. Read by windows only.
     position_extension: None, or how the backbone reads past its original positions:
         `{"method": interpolate|recurrent|group|dynamic, "original_positions": Lo, "max_positions": N}`,
         plus for absolute tables `"first_row"` (where the N extended rows start in the backbone's
@@ -130,6 +138,7 @@ class LMKConfig(PretrainedConfig):
     position_extension: dict | None = None
     long_input: str = _DEFAULT["long_input"]
     window_length: int | None = _DEFAULT["window_length"]
+    index_window_length: int | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -142,6 +151,7 @@ class LMKConfig(PretrainedConfig):
         position extension."""
         for option in LMK_OPTIONS:
             setattr(self, option.name, option.check(getattr(self, option.name), self))
+        self.index_window_length = _window_length_rule(self.index_window_length, self, "index_window_length")
         self.check_position_extension()
 
     def check_position_extension(self) -> None:

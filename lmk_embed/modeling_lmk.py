@@ -419,6 +419,8 @@ class LMKModel(EncoderMixin, LMKPreTrainedModel):
         max_length = self.default_max_length(long_input) if max_length is None else max_length
         if long_input == "windows":
             window_name = "window_length" if window_length is not None else "config.window_length"
+            if window_length is None and output_value != "embedding" and config.index_window_length is not None:
+                window_length, window_name = config.index_window_length, "config.index_window_length"  # chosen for search
             window_length = config.window_length if window_length is None else window_length
             if window_length is None:
                 window_length = self.original_positions()

@@ -109,3 +109,27 @@ def test_late_chunks_are_normalised_by_default(model):
 def test_an_unknown_output_value_is_named(model):
     with pytest.raises(ValueError, match="Unknown `output_value` 'chunks'"):
         model.encode("x", output_value="chunks")
+
+
+def test_landmarks_and_late_chunks_read_the_index_window_and_the_vector_keeps_its_own(minilm_lmk_checkpoint, tmp_path,
+                                                                                       long_text):
+    """`config.index_window_length`: the window the index reads (chosen for search), for landmark vectors and
+    late chunks alike; the document vector keeps `window_length`; an explicit window_length wins."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(minilm_lmk_checkpoint, tmp_path / "index-window")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(long_input="windows", index_window_length=WINDOW)
+    (folder / "config.json").write_text(json.dumps(config))
+    model = LMKModel.from_pretrained(folder).eval()
+    for output_value in ("landmarks", "late_chunks"):
+        chosen = model.encode(long_text, output_value=output_value, max_length=None)
+        explicit = model.encode(long_text, output_value=output_value, max_length=None, window_length=WINDOW)
+        np.testing.assert_array_equal(chosen["embeddings"], explicit["embeddings"])
+        own = model.encode(long_text, output_value=output_value, max_length=None, window_length=512)
+        assert len(own["spans"]) == len(chosen["spans"]) and not np.allclose(own["embeddings"], chosen["embeddings"])
+    np.testing.assert_array_equal(model.encode(long_text, max_length=None),
+                                  model.encode(long_text, max_length=None, window_length=512))
+    with pytest.raises(ValueError, match="`index_window_length`"):
+        LMKModel.from_pretrained(folder, index_window_length=0)
