@@ -58,7 +58,9 @@ class EmbedderModule(InputModule):
 
     @property
     def max_seq_length(self) -> int | None:
-        return self.model.default_max_length()
+        """`max_length` as `encode()` resolves it with no options (None: no budget; an LMK checkpoint
+        that reads long texts in windows reads the whole text)."""
+        return self.model.resolve().max_length
 
     @max_seq_length.setter
     def max_seq_length(self, value: int | None) -> None:

@@ -325,7 +325,8 @@ def add_analyze_command(subparsers) -> None:
     parser.add_argument("--names", nargs="+", default=None)
     parser.add_argument("--pooling", nargs="+", default=None, choices=("lmk", "cls"),
                         help="attention: whose attention to read (default: each checkpoint's own pooling)")
-    parser.add_argument("--max-length", type=positive_int, default=512)
+    parser.add_argument("--max-length", type=positive_int, default=None,
+                        help="tokens read per text (default: the analyses' ANALYSIS_MAX_LENGTH, the base's pretraining length)")
     parser.add_argument("--granularity", type=positive_int, default=None)
     parser.add_argument("--texts", type=positive_int, default=16, help="how many of the longest stdlib pages to read")
     parser.add_argument("--bins", type=positive_int, default=20)
@@ -345,6 +346,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     names = check_names(args.names, args.models)
     for path in args.models:
         check_source(path)
+    max_length = {} if args.max_length is None else {"max_length": args.max_length}  # else the analyses' default
     pages = sorted(stdlib_pages(), key=lambda p: (-len(p.text), p.name))[: args.texts]  # long inputs, deterministic
     texts = [page.text for page in pages]
     results = {}
@@ -355,9 +357,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         if args.analysis == "attention":
             for pooling in args.pooling or [model.config.pooling]:
                 results[f"{name} ({pooling})"] = attention_by_position(
-                    model, texts, max_length=args.max_length, bins=args.bins, pooling=pooling, granularity=args.granularity)
+                    model, texts, **max_length, bins=args.bins, pooling=pooling, granularity=args.granularity)
         else:
-            results[name] = landmark_locality(model, texts, k_values=args.k, max_length=args.max_length,
+            results[name] = landmark_locality(model, texts, k_values=args.k, **max_length,
                                               granularity=args.granularity)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

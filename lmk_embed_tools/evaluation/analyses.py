@@ -18,6 +18,9 @@ import torch
 
 from lmk_embed_tools.compat import attention_implementation
 
+# The analyses read texts at the base's pretraining length (MiniLM's, the paper's BERT-size encoders').
+ANALYSIS_MAX_LENGTH = 512
+
 
 def binned_attention(attention: torch.Tensor, attention_mask: torch.Tensor, pooled_mask: torch.Tensor,
                      bins: int = 20) -> list[np.ndarray]:
@@ -36,7 +39,7 @@ def binned_attention(attention: torch.Tensor, attention_mask: torch.Tensor, pool
     return out
 
 
-def attention_by_position(model, texts: Sequence[str], max_length: int = 512, bins: int = 20, pooling: str | None = None,
+def attention_by_position(model, texts: Sequence[str], max_length: int = ANALYSIS_MAX_LENGTH, bins: int = 20, pooling: str | None = None,
                           granularity: int | None = None, batch_size: int = 2) -> dict:
     """The mean attention mass [bins] that an LMK checkpoint's pooled tokens give to each position bin.
 
@@ -84,7 +87,7 @@ def locality_hits(landmarks: np.ndarray, chunks: np.ndarray, k_values: Sequence[
     return hits
 
 
-def landmark_locality(model, texts: Sequence[str], k_values: Sequence[int] = (1, 3, 5), max_length: int = 512,
+def landmark_locality(model, texts: Sequence[str], k_values: Sequence[int] = (1, 3, 5), max_length: int = ANALYSIS_MAX_LENGTH,
                       granularity: int | None = None, batch_size: int = 8) -> dict:
     """Hits@k (left, right, either) over every landmark of `texts` that has a neighbour chunk.
 

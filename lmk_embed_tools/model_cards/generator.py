@@ -18,7 +18,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from lmk_embed import lora_target_modules
-from lmk_embed.encoding import max_length_default, tokenizer_limit
+from lmk_embed.encoding import max_length_default
 from lmk_embed.onnx_backend import FP32_FILE, ONNX_FILES, QUANTIZED_FILES, weights_fingerprint
 
 TEMPLATE = Path(__file__).resolve().parent / "template.md"
@@ -254,19 +254,23 @@ def _onnx_snippet(model_id: str, graphs: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def card_max_length(config: dict, tokenizer_config: dict) -> int | None:
-    """`max_length`'s default as `encode()` works it out (`max_length_default`), from the checkpoint's
-    files: `config.max_length`, else, for the LMK family, the smaller of the tokenizer's limit and the
-    backbone's positions (the extension's, else `max_position_embeddings`); None: no budget."""
+def card_max_length(folder: Path, config: dict) -> str:
+    """The card's "Max length": `max_length` as `encode()` resolves it with no options. LMK asks the
+    checkpoint's own model (`resolve()`): read in one pass, the smallest of `config.max_length`, the
+    tokenizer's limit and the position table's (less a padding offset, RoBERTa-style); read in windows
+    (`long_input="windows"`), `config.max_length`, else the whole text. Recurrent: `config.max_length`."""
     if config.get("model_type") != "lmk_embedder":
-        return max_length_default(config.get("max_length"))
-    extension = config.get("position_extension") or {}
-    positions = extension.get("max_positions") or config["backbone_config"].get("max_position_embeddings")
-    return max_length_default(config.get("max_length"), tokenizer_limit(tokenizer_config.get("model_max_length")),
-                              positions)
+        return str(max_length_default(config.get("max_length")) or "unbounded (vertical schedule)")
+    from lmk_embed import LMKModel
+
+    request = LMKModel.from_pretrained(folder).resolve()
+    if request.long_input == "windows":
+        read = f"read in windows of {request.window_length} tokens"
+        return f"{request.max_length} ({read})" if request.max_length is not None else f"the whole text ({read})"
+    return str(request.max_length)
 
 
-def _details(config: dict, tokenizer_config: dict) -> tuple[str, str, list[tuple[str, str]]]:
+def _details(folder: Path, config: dict) -> tuple[str, str, list[tuple[str, str]]]:
     backbone = config["backbone_config"]
     family = config["model_type"]
     dim = backbone.get("hidden_size")
@@ -288,7 +292,7 @@ def _details(config: dict, tokenizer_config: dict) -> tuple[str, str, list[tuple
             ("Splitter", f"`{config.get('splitter')}`"),
             ("Granularity (inference)", str(config.get("granularity"))),
             ("Granularity set (variable splitter)", granularities),
-            ("Max length", str(card_max_length(config, tokenizer_config))),
+            ("Max length", card_max_length(folder, config)),
             ("Dimension", str(dim)),
             ("Normalised", str(config.get("normalize", True))),
         ]
@@ -311,7 +315,7 @@ def _details(config: dict, tokenizer_config: dict) -> tuple[str, str, list[tuple
             *([("Distilled from", f"`{config['distilled_from']}`")] if config.get("distilled_from") else []),
             ("Schedule", f"`{config.get('schedule')}` (block size V = {config.get('block_size')})"),
             ("Query instruction", f"`{config.get('query_template', '').strip()}` (default task: {config.get('default_task')})"),
-            ("Max length", str(card_max_length(config, tokenizer_config) or "unbounded (vertical schedule)")),
+            ("Max length", card_max_length(folder, config)),
             ("Dimension", str(dim)),
             ("Normalised", str(config.get("normalize", True))),
         ]
@@ -398,7 +402,7 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         raise ValueError(f"{folder} is not one of our checkpoints (config.json model_type {config.get('model_type')!r}).")
     run = yaml.safe_load((folder / "run_config.yaml").read_text()) if (folder / "run_config.yaml").is_file() else {}
     results = load_json(folder / RESULTS_FILE)
-    family, summary, details = _details(config, load_json(folder / "tokenizer_config.json"))
+    family, summary, details = _details(folder, config)
     backbone_type = config["backbone_config"]["model_type"]
     name = MODEL_ID_PLACEHOLDER if model_id is None else check_model_id(model_id)
     weights = weights_fingerprint(folder) if any(folder.glob("*.safetensors")) else None

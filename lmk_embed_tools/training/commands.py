@@ -155,7 +155,7 @@ def train_config(args: argparse.Namespace):
         return TrainConfig.from_yaml(args.config, **overrides)  # unknown fields in the file raise, naming them
     except yaml.YAMLError as error:
         raise UsageError(f"--config {args.config!r} is not valid YAML: {' '.join(str(error).split())}") from None
-    except ValueError as error:  # TrainConfig.check names the field
+    except (TypeError, ValueError) as error:  # TrainConfig.check names the field
         raise UsageError(str(error)) from None
 
 

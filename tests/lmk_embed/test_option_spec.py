@@ -4,6 +4,7 @@ flags all agree with it, and a config default meets the same rule as a call's ar
 
 import inspect
 import json
+import warnings
 
 import pytest
 
@@ -139,18 +140,132 @@ def test_an_empty_default_task_is_refused_rather_than_replaced():
         RecurrentEmbedConfig(default_task="")
 
 
+def card_row(folder, row: str) -> str:
+    """A row of the checkpoint's model card's details table."""
+    from lmk_embed_tools.model_cards.generator import build_card
+
+    (line,) = [line for line in str(build_card(folder)).splitlines() if line.startswith(f"| {row} |")]
+    return line.split("|")[2].strip()
+
+
+def sentence_transformer(folder):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_model_card_shows_the_max_length_encode_works_out(family, minilm_lmk_checkpoint, mamba2_checkpoint):
-    import json
-
-    from lmk_embed_tools.model_cards.generator import card_max_length
-
     folder = minilm_lmk_checkpoint if family == "lmk" else mamba2_checkpoint
-    model = FAMILIES[family][2].from_pretrained(folder)
-    files = [json.loads((folder / name).read_text()) for name in ("config.json", "tokenizer_config.json")]
-    assert card_max_length(*files) == model.default_max_length()
-    files[0]["max_length"] = 300
-    assert card_max_length(*files) == 300
+    expected = {"lmk": "512", "recurrent": "unbounded (vertical schedule)"}[family]  # MiniLM: 512 positions
+    assert card_row(folder, "Max length") == expected
+    assert sentence_transformer(folder).max_seq_length == (512 if family == "lmk" else None)
+
+
+def test_a_windows_checkpoint_reads_the_whole_text_in_its_card_and_in_sentence_transformers(minilm_path, tmp_path):
+    """Before, the card and `max_seq_length` said 512 while `encode()` read the whole text."""
+    from lmk_embed_tools.training.convert import convert_to_lmk
+
+    folder = convert_to_lmk(minilm_path, tmp_path / "windows", granularity=32, long_input="windows", window_length=128)
+    model = LMKModel.from_pretrained(folder)
+    long_text = "the json module encodes and decodes data " * 200  # about 1,400 tokens: past MiniLM's 512
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a text past max_length would warn: none may
+        landmarks = model.encode(long_text, output_value="landmarks")
+    assert landmarks["spans"][-1][1] == len(long_text.rstrip())  # read to its end
+    assert sentence_transformer(folder).max_seq_length is None
+    assert card_row(folder, "Max length") == "the whole text (read in windows of 128 tokens)"
+
+
+def test_the_card_and_max_seq_length_leave_out_the_padding_offset(tmp_path):
+    """An XLM-RoBERTa table of 514 rows with pad id 0 reads 514 - (0 + 1) = 513 tokens (positions start
+    after the padding index); before, the card read 514 from `max_position_embeddings`."""
+    from lmk_embed_tools.training.convert import convert_to_lmk
+    from tests.helpers import tiny_encoder_source
+
+    source = tiny_encoder_source(tmp_path / "xlmr", "xlm-roberta")
+    tokenizer_config = json.loads((source / "tokenizer_config.json").read_text())
+    tokenizer_config["model_max_length"] = 100_000  # the position table is the only limit
+    (source / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    folder = convert_to_lmk(source, tmp_path / "lmk", granularity=8)
+    positions, pad = 514, 0  # tiny_encoder_source's XLM-RoBERTa config
+    assert card_row(folder, "Max length") == str(positions - (pad + 1))
+    assert sentence_transformer(folder).max_seq_length == positions - (pad + 1)
+    model = LMKModel.from_pretrained(folder)
+    with pytest.raises(ValueError, match="`max_length`"):
+        model.encode("x", max_length=positions)
+
+
+@pytest.mark.parametrize(("value", "error"), [("128", TypeError), (128.0, TypeError), (True, TypeError),
+                                              (0, ValueError), (-1, ValueError)])
+def test_a_training_granularity_meets_the_option_rule_with_its_error_type(value, error):
+    """Before, TrainConfig raised a ValueError for "128", 128.0 and True, the option's rule a TypeError."""
+    from lmk_embed_tools.training.config import TrainConfig
+
+    with pytest.raises(error, match="`granularity`"):
+        LMKConfig(granularity=value)
+    with pytest.raises(error, match="`granularity`"):
+        TrainConfig(model="m", output_dir="o", granularity=value)
+
+
+@pytest.mark.parametrize(("value", "error"), [([], ValueError), ([32, "64"], TypeError), ([32, 0], ValueError),
+                                              ("32", TypeError)])
+def test_granularities_meet_one_rule_in_the_config_and_in_training(value, error):
+    """An empty set is refused at construction (before, `random.choice([])` failed at the first draw)."""
+    from lmk_embed_tools.training.config import TrainConfig
+
+    with pytest.raises(error, match="`granularities`"):
+        LMKConfig(granularities=value, splitter="variable")
+    with pytest.raises(error, match="`granularities`"):
+        TrainConfig(model="m", output_dir="o", granularities=value)
+
+
+def test_training_offers_the_options_own_choices():
+    """`TrainConfig.passage_long_input` and `splitter` take the families' lists (no copies)."""
+    from lmk_embed.configuration_lmk import LONG_INPUTS, SPLITTERS
+    from lmk_embed_tools.cli import build_parser
+
+    train = next(action for action in build_parser()._actions if action.choices and "train" in action.choices)
+    choices = {action.dest: action.choices for action in train.choices["train"]._actions}
+    assert list(choices["passage_long_input"]) == list(LONG_INPUTS)
+    assert list(choices["splitter"]) == list(SPLITTERS)
+
+
+def test_the_integer_flags_meet_the_shipped_rules():
+    """One positive-integer rule and one block_size rule: the flags read a number and apply them."""
+    import argparse
+
+    from lmk_embed_tools import commandline
+
+    assert commandline.positive_int("7") == 7 and commandline.block_size("auto") == "auto"
+    assert commandline.block_size("64") == 64
+    for flag, text in [(commandline.positive_int, "0"), (commandline.positive_int, "2.5"),
+                       (commandline.positive_int, "auto"), (commandline.block_size, "big"), (commandline.block_size, "0")]:
+        with pytest.raises(argparse.ArgumentTypeError, match="must be a positive integer"):
+            flag(text)
+    assert not hasattr(commandline, "check_positive_int")  # the shipped rule is the only one
+
+
+def test_the_budgets_are_named_once():
+    """The analyses' 512 and the training budgets (128 / 512) are named constants, written once."""
+    import ast
+    import inspect
+
+    from lmk_embed_tools import evaluation_jobs
+    from lmk_embed_tools.evaluation import analyses
+    from lmk_embed_tools.training import config, finetune
+
+    def literals(module, value):
+        return [node.lineno for node in ast.walk(ast.parse(inspect.getsource(module)))
+                if isinstance(node, ast.Constant) and node.value == value and not isinstance(node.value, bool)]
+
+    assert len(literals(analyses, 512)) == 1 and literals(evaluation_jobs, 512) == []
+    assert len(literals(config, 128)) == len(literals(config, 512)) == 1
+    assert literals(finetune, 128) == literals(finetune, 512) == []
+    assert finetune.EmbeddingDataCollator.query_max_length == config.TrainConfig.query_max_length == config.QUERY_MAX_LENGTH
+    assert finetune.EmbeddingDataCollator.passage_max_length == config.TrainConfig.passage_max_length == config.PASSAGE_MAX_LENGTH
+    for analysis in (analyses.attention_by_position, analyses.landmark_locality):
+        assert inspect.signature(analysis).parameters["max_length"].default == analyses.ANALYSIS_MAX_LENGTH
 
 
 def test_a_training_run_takes_every_block_size_the_option_takes():
