@@ -82,7 +82,7 @@ def build_data(out_dir: Path, budget: dict, recipe: dict, long_pages: dict | Non
 
     from lmk_embed_tools.training.corpora import (OUT_OF_DOMAIN_SOURCES, TRAIN_SOURCES, VALIDATION_SOURCE, build_corpus, corpus_report,
                                   evaluation_splits, validation_split)
-    from lmk_embed_tools.training.long_pages import deep_page_rows
+    from lmk_embed_tools.training.long_pages import add_page_targets, content_budget, deep_page_rows, window_sentence_rows
     from lmk_embed_tools.training.recipe import add_teacher_embeddings, cut_rows_to_recipe, docs_training_rows, write_rows
 
     corpus = build_corpus(out_dir.parent / "corpora")
@@ -122,11 +122,18 @@ def build_data(out_dir: Path, budget: dict, recipe: dict, long_pages: dict | Non
                           query_max_length=long_pages["query_max_length"], min_granularity=min(recipe["granularities"]),
                           page_window=long_pages["page_window"], first_window_weight=long_pages["first_window_weight"],
                           min_depth=long_pages["min_depth"])
-    mixed = cut_rows_to_recipe(rows, teacher.tokenizer, recipe) + deep
+    smallest = min(recipe["granularities"])
+    unit = content_budget(long_pages["window_row_length"], smallest)
+    windows = window_sentence_rows(corpus, teacher.tokenizer, unit, max_rows=long_pages["window_rows"],
+                                   num_negatives=long_pages["window_negatives"])
+    windows = add_page_targets(windows, teacher, content_budget(long_pages["query_max_length"], smallest) - 1, unit,
+                               long_pages["page_window"])
+    mixed = cut_rows_to_recipe(rows, teacher.tokenizer, recipe) + deep + windows
     random.Random(0).shuffle(mixed)
     say(f"Long pages (LMK only): {len(deep)} deep-sentence rows (a sentence {long_pages['min_depth']}+ tokens deep in a "
-        f"training page, removed from it), read in windows of {long_pages['passage_window_length']}; "
-        f"{len(mixed)} rows in all.")
+        f"training page, removed from it), read in windows of {long_pages['passage_window_length']}; {len(windows)} "
+        f"window rows (a sentence removed from a {long_pages['window_row_length']}-token window, "
+        f"{long_pages['window_negatives']} BM25 hard negative each); {len(mixed)} rows in all.")
     return splits, {**files, "lmk": write_rows(mixed, out_dir / "train-lmk.jsonl")}
 
 
@@ -194,6 +201,15 @@ FUSE_WEIGHTS = (0.3, 0.5, 0.7)
 LMK_ROW, BASE_NAME = "trained LMK", "base"
 SINGLE, MAX_SIM, HYBRID = LMK_ROW, f"{LMK_ROW} multi-vector max", f"{LMK_ROW} multi-vector hybrid"
 WINDOWS_MEAN, WINDOWS_MAX = f"{BASE_NAME} windows-mean", f"{BASE_NAME} windows-max"
+# The base read in short units, with no training: windows-max of 64 and 128 tokens, and late chunking
+# (its token states in its 256-token windows, mean-pooled over 64-token spans, max over the spans). The
+# best of them and of 256-token windows-max, chosen leaving the reported genre out, is the anchor the
+# landmarks must reach: what a user gets from the base alone.
+SHORT_WINDOWS, LATE_CHUNK_TOKENS = (64, 128), 64
+LATE_CHUNKS = f"{BASE_NAME} late chunks {LATE_CHUNK_TOKENS}"
+BASE_SHORT_UNITS = [WINDOWS_MAX, *(f"{WINDOWS_MAX} W={w}" for w in SHORT_WINDOWS), LATE_CHUNKS]
+# The windows an index may read landmarks in, chosen on the validation task (config.index_window_length).
+INDEX_WINDOWS = (256, 512)
 
 
 def fused(dense: str, weight: float) -> str:
@@ -202,6 +218,11 @@ def fused(dense: str, weight: float) -> str:
 
 PACKAGE_FUSED = [fused(dense, w) for dense in (SINGLE, MAX_SIM, HYBRID) for w in FUSE_WEIGHTS]
 USER_FUSED = [fused(WINDOWS_MAX, w) for w in FUSE_WEIGHTS]
+# The same max-sim, BM25 and fused rows ranked by the search users run (`evaluate --through-index`: the
+# pages encoded into a landmark index, BM25 by its full-text index, fusion over each leg's candidates);
+# the in-memory rows above stay beside them for one release.
+INDEX_MAX_SIM, INDEX_BM25 = f"{LMK_ROW} max-sim [index]", "BM25 [index]"
+INDEX_FUSED = [f"{LMK_ROW} max-sim + BM25 [index] (minmax w={w:g})" for w in FUSE_WEIGHTS]
 
 
 def split_name(task: str) -> str:
@@ -251,6 +272,31 @@ def genre_table(rows: list[dict], names: list[str], length: int) -> str:
     return "\n".join(lines)
 
 
+def choose_index_window(lmk: Path, out_dir: Path, budget: dict) -> int:
+    """The window W (`INDEX_WINDOWS`) in which the trained LMK's landmark max-sim scores best on the
+    validation task at the long table's length (ties: the smaller W), written into the checkpoint's config
+    as `index_window_length`: an index (`encode-corpus --output-value landmarks`) then reads it with no flag."""
+    from lmk_embed import LMKConfig
+    from lmk_embed_tools.evaluation_jobs import evaluate_arguments, evaluation_rows
+
+    long, minilm = budget["long"], minilm_path()
+    args = evaluate_arguments([str(lmk), "--names", LMK_ROW, "--task", long["validation_task"], "--max-lengths",
+                               str(long["length"]), "--queries", str(long["queries"]), "--documents", str(long["documents"]),
+                               "--tokenizer", minilm, "--corpus-cache", str(out_dir.parent / "corpora"), "--out",
+                               str(out_dir / "results" / "index-window"), "--long-input", "windows", "--window-length",
+                               *map(str, INDEX_WINDOWS), "--multi-vector"])
+    rows, _, _ = evaluation_rows(args)
+    scores = {w: next(r["ndcg_at_10"] for r in rows if r["model"] == f"{LMK_ROW} windows W={w} multi-vector max")
+              for w in INDEX_WINDOWS}
+    chosen = max(INDEX_WINDOWS, key=lambda w: (scores[w], -w))
+    say("  index window on the validation task (landmark max-sim nDCG@10): "
+        + ", ".join(f"W={w} {score:.3f}" for w, score in scores.items()) + f" -> index_window_length={chosen}")
+    config = LMKConfig.from_pretrained(lmk)
+    config.index_window_length = chosen
+    config.save_pretrained(lmk)
+    return chosen
+
+
 def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
     """The long table: held-out long pages of every genre, read to `budget["long"]["length"]` tokens, with
     deep-evidence queries (a sentence from deep inside the page, removed from it) and subject queries
@@ -266,8 +312,9 @@ def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
               str(long["documents"]), "--tokenizer", minilm, "--corpus-cache", str(out_dir.parent / "corpora"),
               "--out", str(out_dir / "results" / "long")]
     deep_args = evaluate_arguments([*common, "--task", *long["deep_tasks"], long["validation_task"], "--max-lengths", str(length),
-                                    "--windows", BASE_NAME, "--window", "256", "--multi-vector", "--fuse", "minmax",
-                                    "--fuse-weight", *map(str, FUSE_WEIGHTS)])
+                                    "--windows", BASE_NAME, "--window", "256", *map(str, SHORT_WINDOWS), "--late-chunks",
+                                    BASE_NAME, "--chunk-tokens", str(LATE_CHUNK_TOKENS), "--multi-vector", "--fuse", "minmax",
+                                    "--fuse-weight", *map(str, FUSE_WEIGHTS), "--through-index"])
     deep, _, _ = evaluation_rows(deep_args, per_query=True)
     subject_args = evaluate_arguments([*common, "--task", *long["subject_tasks"], "--max-lengths", "512", str(length),
                                        "--bm25", "--cache-dir", str(out_dir / "results" / "long" / "cache")])
@@ -275,11 +322,16 @@ def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
     # A model that reads 256 tokens reads the same at every length: the base's capped row is its 512 read.
     package = chosen_rows(deep, PACKAGE_FUSED, "BM25 + trained LMK, chosen leaving the genre out", length)
     user = chosen_rows(deep, USER_FUSED, "BM25 + base windows-max, chosen leaving the genre out", length)
-    table = deep + package + user
-    names = [BASE_NAME, WINDOWS_MEAN, WINDOWS_MAX, SINGLE, MAX_SIM, HYBRID, "BM25", fused(WINDOWS_MAX, 0.5),
-             fused(MAX_SIM, 0.5), user[0]["model"] if user else "", package[0]["model"] if package else ""]
+    indexed = chosen_rows(deep, INDEX_FUSED, "BM25 + trained LMK [index], chosen leaving the genre out", length)
+    short = chosen_rows(deep, BASE_SHORT_UNITS, "base best short unit, chosen leaving the genre out", length)
+    table = deep + package + user + indexed + short
+    names = [BASE_NAME, WINDOWS_MEAN, WINDOWS_MAX, *BASE_SHORT_UNITS[1:], short[0]["model"] if short else "",
+             SINGLE, MAX_SIM, HYBRID, "BM25", fused(WINDOWS_MAX, 0.5),
+             fused(MAX_SIM, 0.5), user[0]["model"] if user else "", package[0]["model"] if package else "",
+             INDEX_MAX_SIM, INDEX_BM25, INDEX_FUSED[FUSE_WEIGHTS.index(0.5)], indexed[0]["model"] if indexed else ""]
     say(genre_table(table, [n for n in names if n], length))
-    for label, choices in (("package", package), ("user", user)):
+    for label, choices in (("package", package), ("user", user), ("package [index]", indexed),
+                           ("base short unit", short)):
         say(f"  {label} fused row chosen per task: " + "; ".join(f"{r['split']}: {r['chosen']}" for r in choices))
     splits = {task: split_name(task) for task in long["deep_tasks"]}
     missing = sorted(set(splits.values()) - {r["split"] for r in table})
@@ -288,8 +340,13 @@ def evaluate_long_pages(lmk: Path, out_dir: Path, budget: dict) -> dict:
     held_out = [r for r in table if r["split"] != split_name(long["validation_task"])]
     goals = {"landmark max-sim - base windows-max": (MAX_SIM, WINDOWS_MAX),
              "single vector - base windows-mean": (SINGLE, WINDOWS_MEAN)}
+    if short:
+        goals["landmark max-sim - the base's best short unit (chosen leaving the genre out)"] = (MAX_SIM, short[0]["model"])
     if package and user:
         goals["BM25 + package - BM25 + base windows-max (both chosen leaving the genre out)"] = (package[0]["model"], user[0]["model"])
+    if indexed and user:  # the package's hybrid as `search` serves it
+        goals["BM25 + package [index] - BM25 + base windows-max (both chosen leaving the genre out)"] = (
+            indexed[0]["model"], user[0]["model"])
     say(f"\nPooled over the held-out tasks ({', '.join(long['deep_tasks'])}; nDCG@10 difference, 95% paired bootstrap):")
     results = {"deep": table, "subject": subject, "goals": {}}
     for goal, (row, rival) in goals.items():
@@ -695,6 +752,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     say(f"\n4b. Long pages of every genre, read to {budget['long']['length']} tokens (up to {budget['long']['queries']} "
         f"queries and {budget['long']['documents']} pages per task) ...")
+    choose_index_window(trained["lmk"], out_dir, budget)
     length_rows = evaluate_long_pages(trained["lmk"], out_dir, budget)["deep"]
     lap("long table")
 

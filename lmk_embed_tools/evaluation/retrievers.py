@@ -400,8 +400,11 @@ def build_retrievers(models: dict, *, batch_size: int = 8, granularities=None, m
                     label, options = f"{label} {long_input}", {**options, "long_input": long_input}
                 if window_length:
                     label, options = f"{label} W={window_length}", {**options, "window_length": window_length}
-                if is_lmk and multi_vector and model.config.pooling == "lmk":
+                same_window = not is_lmk or "window_length" in options or \
+                    getattr(model.config, "index_window_length", None) in (None, model.config.window_length)
+                if is_lmk and multi_vector and model.config.pooling == "lmk" and same_window:
                     # lmk pooling is the mean of the landmark states: the single vector from the landmarks' pass
+                    # (unless landmarks read another window than the vector: `index_window_length`)
                     retrievers.append(MultiVectorRetriever(model, label, mode="mean", batch_size=batch_size, **options))
                 else:
                     retrievers.append(DenseRetriever(model, label, batch_size=batch_size, **options, **extra))

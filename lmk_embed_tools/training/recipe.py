@@ -152,6 +152,9 @@ CONVERSION_KEYS = ("splitter", "granularity", "granularities", "max_positions", 
 # checkpoint's own windows of 512 with the window term; the (synopsis, page) rows stay as above: cut to
 # what the recipe reads at 512 tokens, they fit one window and train exactly as before (the window term
 # weighs only pages read in more than one window). CLS trains on the (synopsis, page) rows alone.
+# Round 4 teaches the index's unit: window rows (a sentence removed from a 256-token window of a training
+# page, a BM25 hard negative from another page of its source), every landmark pulled towards the base's
+# late chunk of its chunk (`landmark_distill_weight`), and InfoNCE on max-sim, the score the index serves.
 LONG_PAGES = {
     "passage_max_length": 1024,  # a deep row's page: 992 content tokens at every g >= 32
     "query_max_length": 64,  # a deep sentence has 8-60 words
@@ -161,9 +164,15 @@ LONG_PAGES = {
     "min_depth": 300,
     "page_window": 256,  # a deep row's page target: the base's windows-mean of 256-token windows
     "first_window_weight": 0.0,
+    "window_rows": 800,  # `window_sentence_rows`: the query a sentence of a window, its window the positive
+    "window_row_length": 256,  # the index's window: a window row's text fits it at every g
+    "window_negatives": 1,  # BM25 hard negatives per window row (windows of other pages of the same source)
+    "landmark_distill_weight": 1.0,
+    "maxsim_weight": 1.0,
+    "index_window_length": 256,  # the window an index reads landmarks in (config.index_window_length)
 }
 LONG_PAGE_TRAINING_KEYS = ("passage_max_length", "query_max_length", "passage_long_input", "passage_window_length",
-                           "window_distill_weight")
+                           "window_distill_weight", "landmark_distill_weight", "maxsim_weight")
 
 
 def training_fields(recipe: dict) -> dict:
