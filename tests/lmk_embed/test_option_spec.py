@@ -276,3 +276,64 @@ def test_a_training_run_takes_every_block_size_the_option_takes():
     assert TrainConfig(model="m", output_dir="o", block_size="512").block_size == 512
     with pytest.raises(ValueError, match="`block_size` must be a positive integer or 'auto'"):
         TrainConfig(model="m", output_dir="o", block_size="big")
+
+
+def layout_table_rows() -> list[list[str]]:
+    """docs/layout.md's options table: [option, declared, default worked out, checked] per row."""
+    from tests.helpers import REPO_ROOT
+
+    lines = (REPO_ROOT / "docs" / "layout.md").read_text().splitlines()
+    start = lines.index("| option | declared | default worked out | checked |")
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def name_exists(name: str) -> bool:
+    """Whether a name the table writes in backticks (`module.name`, `Class.attribute`, `name`, `name()`)
+    is in the shipped modules, the training config or the command line's helpers."""
+    import importlib
+
+    modules = {short: importlib.import_module(f"lmk_embed.{short}") for short in (
+        "encoding", "configuration_lmk", "configuration_recurrent", "modeling_lmk", "modeling_recurrent",
+        "tokenization_lmk")}
+    modules["commandline"] = importlib.import_module("lmk_embed_tools.commandline")
+    from lmk_embed_tools.training.config import TrainConfig
+
+    holders = [*modules.values(), LMKModel, RecurrentEmbedModel, TrainConfig, modules["modeling_recurrent"].Schedule,
+               importlib.import_module("lmk_embed.st_module").EmbedderModule]
+    head, _, tail = name.removesuffix("()").partition(".")
+    classes = {holder.__name__: holder for holder in holders if isinstance(holder, type)}
+    if tail:
+        holder = modules.get(head) or classes.get(head) or next((getattr(h, head) for h in holders if hasattr(h, head)), None)
+        return holder is not None and hasattr(holder, tail)
+    return head in classes or any(hasattr(holder, head) for holder in holders)
+
+
+def test_the_layout_table_of_options_is_true():
+    """Each row's option is declared in the specs it names with the default it writes, the option's rule
+    calls a `check_*` the row names, and every code name in the row exists."""
+    import ast
+    import re
+
+    specs = {"LMK_OPTIONS": LMK_OPTIONS, "RECURRENT_OPTIONS": RECURRENT_OPTIONS}
+    rows = layout_table_rows()
+    assert {row[0].strip("`") for row in rows} >= {"max_length", "granularity", "granularities", "long_input",
+                                                   "window_length", "block_size", "schedule"}
+    for name, declared, worked_out, checked in rows:
+        name = name.strip("`")
+        default = ast.literal_eval(re.search(r"\((.*)\)$", declared).group(1))
+        named_specs = re.findall(r"`(\w+_OPTIONS)`", declared)
+        assert named_specs, name
+        for spec in named_specs:
+            (option,) = [option for option in specs[spec] if option.name == name]
+            assert option.default == default, (name, spec)
+            rule = option.rule
+            called = set(rule.__code__.co_names) | {rule.__name__}
+            assert called & set(re.findall(r"`(?:\w+\.)?(check_\w+)`", checked)), (name, spec, called)
+        for code in re.findall(r"`([^`]+)`", worked_out + " " + checked):
+            if re.fullmatch(r"[A-Za-z_][\w.]*(\(\))?", code) and ("_" in code or "." in code or code[0].isupper()):
+                assert name_exists(code), (name, code)
