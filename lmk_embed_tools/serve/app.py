@@ -17,6 +17,7 @@ dropped where it has not started.
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (`Request`) as types.
 import asyncio
 import collections
+import contextlib
 import hashlib
 import hmac
 import json
@@ -48,34 +49,69 @@ BATCH_SIZE_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64]
 LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
 
 
+class _Tagged:
+    """A `prometheus_client` metric called as Ray's are: `inc(value, tags=...)`, `observe(value, tags=...)`."""
+
+    def __init__(self, metric, tag_keys):
+        self.metric, self.tag_keys = metric, tag_keys
+
+    def _child(self, tags):
+        return self.metric.labels(**tags) if self.tag_keys else self.metric
+
+    def inc(self, value: float = 1, tags: dict | None = None) -> None:
+        self._child(tags).inc(value)
+
+    def observe(self, value: float, tags: dict | None = None) -> None:
+        self._child(tags).observe(value)
+
+
 def key_digest(api_key: str | None) -> bytes | None:
     """What a replica keeps of the API key: its SHA-256, so the key itself never leaves the command."""
     return None if api_key is None else hashlib.sha256(api_key.encode("utf-8")).digest()
 
 
 class Metrics:
-    """One replica's Prometheus-style metrics: requests by route and status, their latency, tokens
-    embedded, rejections by reason and batch sizes. Kept here as counts (what the tests read) and,
-    on a Ray Serve replica, exported through `ray.serve.metrics` (Ray adds the deployment, replica
-    and application tags; Ray's metrics agent serves them to Prometheus)."""
+    """The server's Prometheus metrics: requests by route and status, their latency, tokens embedded,
+    rejections by reason and batch sizes. Kept here as counts (what the tests read) and exported: in
+    one process with `prometheus_client` (`export="process"`, served at `/metrics`), on a Ray Serve
+    replica through `ray.serve.metrics` (`export="ray"`: Ray adds the deployment, replica and
+    application tags, and its metrics agent serves them)."""
 
-    def __init__(self, export: bool = False):
+    def __init__(self, export: str | None = None):
         self.counts: collections.Counter = collections.Counter()
-        self.exported = None
-        if export:
+        self.exported = self.registry = None
+        if export == "ray":
             from ray.serve import metrics
 
+            counter = lambda name, text, tags=(): metrics.Counter(name, text, tag_keys=tags)  # noqa: E731
+            histogram = lambda name, text, bounds, tags=(): metrics.Histogram(  # noqa: E731
+                name, text, boundaries=bounds, tag_keys=tags)
+        elif export == "process":
+            import prometheus_client
+
+            self.registry = prometheus_client.CollectorRegistry()
+            counter = lambda name, text, tags=(): _Tagged(prometheus_client.Counter(  # noqa: E731
+                name, text, tags, registry=self.registry), tags)
+            histogram = lambda name, text, bounds, tags=(): _Tagged(prometheus_client.Histogram(  # noqa: E731
+                name, text, tags, buckets=bounds, registry=self.registry), tags)
+        if export:
             self.exported = {
-                "requests": metrics.Counter("lmk_embed_requests", "HTTP requests answered, by route and status",
-                                            tag_keys=("path", "status")),
-                "latency": metrics.Histogram("lmk_embed_request_seconds", "seconds from arrival to answer, by route",
-                                             boundaries=LATENCY_BOUNDARIES, tag_keys=("path",)),
-                "tokens": metrics.Counter("lmk_embed_tokens", "model tokens of the texts embedded (usage)"),
-                "rejections": metrics.Counter("lmk_embed_rejections", "requests refused, by reason (the error code)",
-                                              tag_keys=("reason",)),
-                "batch_size": metrics.Histogram("lmk_embed_batch_size", "requests one model call embedded",
-                                                boundaries=BATCH_SIZE_BOUNDARIES),
+                "requests": counter("lmk_embed_requests", "HTTP requests answered, by route and status",
+                                    ("path", "status")),
+                "latency": histogram("lmk_embed_request_seconds", "seconds from arrival to answer, by route",
+                                     LATENCY_BOUNDARIES, ("path",)),
+                "tokens": counter("lmk_embed_tokens", "model tokens of the texts embedded (usage)"),
+                "rejections": counter("lmk_embed_rejections", "requests refused, by reason (the error code)",
+                                      ("reason",)),
+                "batch_size": histogram("lmk_embed_batch_size", "requests one model call embedded",
+                                        BATCH_SIZE_BOUNDARIES),
             }
+
+    def text(self) -> bytes:
+        """The metrics in Prometheus' text format (one process)."""
+        import prometheus_client
+
+        return prometheus_client.generate_latest(self.registry)
 
     def request(self, path: str, status: int, seconds: float) -> None:
         self.counts["requests", path, status] += 1
@@ -130,23 +166,27 @@ class Frontend:
         digest = hashlib.sha256(given.strip().encode("utf-8")).digest()
         return hmac.compare_digest(digest, self.api_key_digest) and scheme.lower() == "bearer"
 
-    def check_room(self) -> None:
-        """429 at once when the server already holds `max_queued_requests` model requests."""
+    @contextlib.asynccontextmanager
+    async def place(self):
+        """A place in the queue for one model request, from before its body is read to its answer: 429 at
+        once when the server already holds `max_queued_requests` (reading, counting, waiting for the
+        model or computing), so a burst past the queue is refused without waiting for any of them."""
         if self.queued >= self.limits.max_queued_requests:
             raise ApiError(f"the server is busy: it holds {self.queued} requests, its limit "
                            "(--max-queued-requests); retry after the time in `retry-after`", status=429,
                            type="rate_limit_error", code="server_busy", headers={"retry-after": str(RETRY_AFTER_S)})
-
-    async def hold(self, request: Request, work):
-        """`await work` holding a place in the queue; cancelled (499) when the client hangs up first.
-        Behind Ray Serve's proxy, the proxy cancels a request whose client has gone."""
         self.queued += 1
         try:
-            if self.behind_proxy:
-                return await work
-            return await unless_client_leaves(request, work)
+            yield
         finally:
             self.queued -= 1
+
+    async def answer(self, request: Request, work):
+        """`await work`, cancelled (499) when the client hangs up first. Behind Ray Serve's proxy, the
+        proxy cancels a request whose client has gone."""
+        if self.behind_proxy:
+            return await work
+        return await unless_client_leaves(request, work)
 
 
 class ClientGone(ApiError):
@@ -285,7 +325,7 @@ async def read_json(request: Request, limits: Limits):
 
 
 # Routes by path (others are counted as "other" in the metrics).
-ROUTES = ("/v1/embeddings", "/v1/landmarks", "/v1/search", "/v1/models", "/health")
+ROUTES = ("/v1/embeddings", "/v1/landmarks", "/v1/search", "/v1/models", "/health", "/metrics")
 
 
 def build_api(frontend: Frontend) -> FastAPI:
@@ -320,49 +360,45 @@ def add_model_routes(api: FastAPI, frontend: Frontend) -> None:
     """/v1/embeddings, /v1/landmarks and /v1/search: checked, counted, queued, then the model."""
     served, limits = frontend.served, frontend.limits
 
-    async def admitted(request: Request, count, parsed) -> int:
-        """`parsed`'s tokens (`count(parsed)`, 413 over the limits), counted in a worker thread beside the
-        event loop, and a place in the queue still free (429)."""
-        tokens = await asyncio.to_thread(count, parsed)
-        frontend.check_room()
-        return tokens
-
     async def embedding_request(request: Request, landmarks: bool = False):
-        frontend.check_room()  # before the body is read: a full server answers at once
+        """The body parsed (400) and its tokens counted (413) in a worker thread beside the event loop."""
         parsed = protocol.parse_embeddings(await read_json(request, limits), served.name, served.dimension,
                                            served.family, landmarks, served.per_request, served.fixed,
                                            limits.max_inputs)
-        return parsed, await admitted(request, served.check, parsed)
+        return parsed, await asyncio.to_thread(served.check, parsed)
 
     @api.post("/v1/embeddings")
     async def embeddings(request: Request):
-        parsed, tokens = await embedding_request(request)
-        vectors = await frontend.hold(request, frontend.embed(parsed, time.monotonic() + limits.request_timeout_s))
+        async with frontend.place():
+            parsed, tokens = await embedding_request(request)
+            vectors = await frontend.answer(request, frontend.embed(parsed,
+                                                                    time.monotonic() + limits.request_timeout_s))
         frontend.metrics.tokens(tokens)
         return json_response(protocol.embeddings_response(vectors, parsed, served.name, tokens))
 
     @api.post("/v1/landmarks")
     async def landmarks(request: Request):
-        parsed, tokens = await embedding_request(request, landmarks=True)
-        output = await frontend.hold(request, frontend.run_model(served.landmarks, parsed))
+        async with frontend.place():
+            parsed, tokens = await embedding_request(request, landmarks=True)
+            output = await frontend.answer(request, frontend.run_model(served.landmarks, parsed))
         frontend.metrics.tokens(tokens)
         return json_response(protocol.landmarks_response(output, parsed, served.name, tokens))
 
     @api.post("/v1/search")
     async def search(request: Request):
-        frontend.check_room()
-        parsed = protocol.parse_search(await read_json(request, limits), served.name, limits.max_inputs)
-        if served.index is None:
-            raise ApiError("this server has no index: start it with --index DIR (an encode-corpus --output-value "
-                           "landmarks folder)", status=404, code="no_index")
-        tokens = await admitted(request, served.check_queries, parsed)
-        results = await frontend.hold(request, frontend.run_model(served.search, parsed))
+        async with frontend.place():
+            parsed = protocol.parse_search(await read_json(request, limits), served.name, limits.max_inputs)
+            if served.index is None:
+                raise ApiError("this server has no index: start it with --index DIR (an encode-corpus "
+                               "--output-value landmarks folder)", status=404, code="no_index")
+            tokens = await asyncio.to_thread(served.check_queries, parsed)
+            results = await frontend.answer(request, frontend.run_model(served.search, parsed))
         frontend.metrics.tokens(tokens)
         return json_response(protocol.search_response(results, parsed, served.name))
 
 
 def add_info_routes(api: FastAPI, frontend: Frontend) -> None:
-    """/v1/models and /health."""
+    """/v1/models, /metrics and /health."""
     served = frontend.served
 
     @api.get("/v1/models")
@@ -370,6 +406,14 @@ def add_info_routes(api: FastAPI, frontend: Frontend) -> None:
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": frontend.created,
                                             "owned_by": "lmk-embed", "family": served.family,
                                             "dimension": served.dimension, "search": served.index is not None}]}
+
+    @api.get("/metrics")
+    async def metrics():
+        """The one process's metrics in Prometheus' text format (on Ray, Ray's metrics agent serves them)."""
+        if frontend.metrics.registry is None:
+            raise ApiError("metrics are served by Ray's metrics agent here (the address `lmk-embed serve` printed)",
+                           status=404, code="not_found")
+        return Response(frontend.metrics.text(), media_type="text/plain; version=0.0.4")
 
     @api.get("/health")
     async def health():
@@ -385,7 +429,7 @@ def build_local_api(settings: dict, limits: Limits, api_key: str | None = None, 
     from .model import ServedModel
 
     frontend = Frontend(ServedModel(**settings), limits, key_digest(api_key), max_batch_size=max_batch_size,
-                        batch_wait_ms=batch_wait_ms)
+                        batch_wait_ms=batch_wait_ms, metrics=Metrics(export="process"))
     api = build_api(frontend)
     api.state.frontend = frontend
     return api
@@ -407,7 +451,7 @@ def replica_class():
 
             import ray
 
-            self.frontend = Frontend(ServedModel(**settings), limits, api_key_digest, metrics=Metrics(export=True),
+            self.frontend = Frontend(ServedModel(**settings), limits, api_key_digest, metrics=Metrics(export="ray"),
                                      max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms)
             self.frontend.behind_proxy = True
             self.frontend.logger = logging.getLogger("ray.serve")

@@ -299,3 +299,45 @@ def test_a_window_too_small_for_a_chunk_still_reads_a_text_that_fits_it_as_encod
     assert response.status_code == 200, response.text
     expected = lmk_model.encode(["zip"], long_input="windows", window_length=3, show_progress_bar=False)
     assert np.abs(np.asarray(response.json()["data"][0]["embedding"]) - expected[0]).max() <= 1e-6
+
+
+def test_a_request_holds_its_place_from_its_first_byte_so_a_burst_is_refused_at_once(served):
+    """Two clients still sending their bodies fill a queue of 2: a third is refused with 429 before
+    either body has arrived (a burst past the queue never waits behind the ones admitted)."""
+    async def run():
+        frontend, api = app_for(served)
+        gate = asyncio.Event()
+
+        async def held_body():
+            yield b'{"model": "tiny", '
+            await gate.wait()
+            yield b'"input": "x"}'
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://test",
+                                     headers={"authorization": f"Bearer {KEY}"}) as client:
+            sending = [asyncio.ensure_future(client.post("/v1/embeddings", content=held_body())) for _ in range(2)]
+            async with asyncio.timeout(20):
+                while frontend.queued < 2:
+                    await asyncio.sleep(0.01)
+            refused = await client.post("/v1/embeddings", json=embed_body("x"))
+            gate.set()
+            answered = await asyncio.gather(*sending)
+        return refused, answered
+
+    refused, answered = asyncio.run(run())
+    assert_error(refused, 429, "server_busy")
+    assert [response.status_code for response in answered] == [200, 200]
+
+
+def test_one_process_serves_its_metrics_in_prometheus_format(served):
+    from lmk_embed_tools.serve.app import Metrics
+
+    frontend = Frontend(served, LIMITS, key_digest(KEY), metrics=Metrics(export="process"))
+    api = build_api(frontend)
+    call(api, "POST", "/v1/embeddings", embed_body(words(5)))
+    call(api, "POST", "/v1/embeddings", embed_body(words(5)), key=None)
+    assert_error(call(api, "GET", "/metrics", key=None), 401, "invalid_api_key")
+    text = call(api, "GET", "/metrics").text
+    assert 'lmk_embed_requests_total{path="/v1/embeddings",status="200"} 1.0' in text
+    assert 'lmk_embed_rejections_total{reason="invalid_api_key"} 2.0' in text
+    assert "lmk_embed_tokens_total 5.0" in text and 'lmk_embed_batch_size_bucket{le="1.0"} 1.0' in text
