@@ -117,6 +117,7 @@ def build_data(out_dir: Path, budget: dict, recipe: dict, long_pages: dict | Non
         add_teacher_embeddings(rows, teacher, recipe["query_max_length"], recipe["teacher_max_length"])
     files = {"cls": write_rows(rows, out_dir / "train.jsonl")}
     if long_pages is None:
+        check_apart(corpus, rows)
         return splits, {**files, "lmk": files["cls"]}
     deep = deep_page_rows(corpus, teacher, passage_max_length=long_pages["passage_max_length"],
                           query_max_length=long_pages["query_max_length"], min_granularity=min(recipe["granularities"]),
@@ -130,11 +131,27 @@ def build_data(out_dir: Path, budget: dict, recipe: dict, long_pages: dict | Non
                                long_pages["page_window"])
     mixed = cut_rows_to_recipe(rows, teacher.tokenizer, recipe) + deep + windows
     random.Random(0).shuffle(mixed)
+    check_apart(corpus, rows + mixed)
     say(f"Long pages (LMK only): {len(deep)} deep-sentence rows (a sentence {long_pages['min_depth']}+ tokens deep in a "
         f"training page, removed from it), read in windows of {long_pages['passage_window_length']}; {len(windows)} "
         f"window rows (a sentence removed from a {long_pages['window_row_length']}-token window, "
         f"{long_pages['window_negatives']} BM25 hard negative each); {len(mixed)} rows in all.")
     return splits, {**files, "lmk": write_rows(mixed, out_dir / "train-lmk.jsonl")}
+
+
+def check_apart(corpus: dict, rows: list[dict]) -> None:
+    """Refuse to train, in one plain line, when an evaluation task shares text with training
+    (`disjointness.check_before_training`: every task, every training page, query and row)."""
+    from lmk_embed_tools.disjointness import OverlapError, check_before_training
+
+    started = time.perf_counter()
+    try:
+        checked = check_before_training(corpus, rows)
+    except (OverlapError, ValueError) as error:  # ValueError: a genre of the long table is not installed
+        raise SystemExit(f"error: {error}") from None
+    say(f"Evaluation apart from training: {checked['documents']} documents and {checked['queries']} queries of "
+        f"{checked['tasks']} kinds of task share no sentence or 13-word run with training "
+        f"({time.perf_counter() - started:.0f}s).")
 
 
 # ---- 3. fine-tuning ---------------------------------------------------------------------------------

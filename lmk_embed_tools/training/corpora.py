@@ -289,6 +289,14 @@ def build_corpus(cache_dir: str | Path | None = None, sources=SOURCES) -> dict[s
             seen_texts.add(key)
             kept.append(item)
         corpus[source] = kept
+    # Nor an evaluation page that repeats a training page's sentence or 13-word run (a docstring copied
+    # between libraries); `make demo` checks every evaluation task against training before it trains.
+    from lmk_embed_tools.disjointness import apart_from_training
+
+    corpus, dropped = apart_from_training(corpus)
+    if dropped:
+        print("Left out of evaluation, sharing a sentence or a 13-word run with a training page: "
+              + ", ".join(f"{source} {count}" for source, count in dropped.items()), file=sys.stderr)
     return corpus
 
 
