@@ -122,6 +122,9 @@ class Batcher:
         return None
 
     def _run(self) -> None:
+        # Torch's thread settings are partly per thread (MKL's count is thread-local): the model's own
+        # thread takes the served model's, or a 1-thread model would run MKL on every core.
+        getattr(self.served, "enter_model_thread", lambda: None)()
         while (batch := self._next()) is not None:
             try:
                 if batch[0].function is not None:

@@ -47,6 +47,7 @@ class ServedModel:
         from lmk_embed_tools.corpus.worker import load_model
 
         return_freed_memory()  # a replica's RSS stays flat over long texts (glibc keeps freed heap otherwise)
+        self.num_threads = num_threads
         if num_threads:
             torch.set_num_threads(num_threads)
         onnx = {"name": "onnx", "file": "onnx/model.onnx"} if backend == "onnx" else None
@@ -62,6 +63,13 @@ class ServedModel:
         self.index = self.lexical = None
         if index is not None:
             self.index = open_index(index, checkpoint)
+
+    def enter_model_thread(self) -> None:
+        """Called first on the thread that runs the model: torch's thread count set there too."""
+        if self.num_threads:
+            import torch
+
+            torch.set_num_threads(self.num_threads)
 
     # ---- embeddings -----------------------------------------------------------------------
 
