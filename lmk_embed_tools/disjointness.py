@@ -166,6 +166,7 @@ class TrainingText:
         self.sentences = np.unique(np.concatenate([h.sentence_hashes for h in hashed] + [np.zeros(0, np.uint64)]))
         self.runs = {NGRAM: self._runs(NGRAM)}
         self.queries = {" ".join(words(query)) for query in queries}
+        self._shared = {}
 
     def _runs(self, length: int) -> np.ndarray:
         return np.unique(np.concatenate([run_hashes(w, length, numbers) for w, numbers in self._words]
@@ -177,7 +178,13 @@ class TrainingText:
         return self.runs[length]
 
     def shared(self, text: str) -> str | None:
-        """A sentence or 13-word run of `text` that training holds, or None."""
+        """A sentence or 13-word run of `text` that training holds, or None (remembered per text: the
+        demo's check reads again the pages `build_corpus` checked)."""
+        if text not in self._shared:
+            self._shared[text] = self._find_shared(text)
+        return self._shared[text]
+
+    def _find_shared(self, text: str) -> str | None:
         hashed = TextHashes(text, self.template)
         found = among(hashed.sentence_hashes, self.sentences)
         if found.any():
@@ -284,8 +291,8 @@ def evaluation_texts(corpus: dict, genres=None) -> dict[str, tuple[dict, dict]]:
       its page a source page less that line);
     - each long genre in `genres` (default every `GENRES`): every page and subject, read as `evaluate
       --task genre:*` reads them; a genre not installed raises ValueError naming it;
-    - passkey and needle: every question and needle their templates make, with every name they draw
-      from (a needle's haystack is stdlib text by design: only the needle is asked for).
+    - passkey and needle: every question and needle of their templates, with each first and last name
+      they draw from (a needle's haystack is stdlib text by design: only the needle is asked for).
     """
     from lmk_embed_tools.evaluation.genres import GENRES, genre_pages
     from lmk_embed_tools.evaluation.synthetic import FIRST_NAMES, LAST_NAMES, NEEDLES, PASSKEY_QUERY
@@ -302,7 +309,8 @@ def evaluation_texts(corpus: dict, genres=None) -> dict[str, tuple[dict, dict]]:
         pages = genre_pages(genre, excluded=excluded, reserved_dirs=RESERVED_DIRS)
         tasks[f"genre:{genre} and genre:{genre}-subject"] = ({page.name: page.text for page in pages},
                                                              {page.name: page.subject for page in pages if page.subject})
-    names = [f"{first} {last}" for first in FIRST_NAMES for last in LAST_NAMES]  # every name a task may draw
+    # Every template with every first and every last name (paired: a run of words holds one name).
+    names = [f"{first} {last}" for first, last in zip(FIRST_NAMES, LAST_NAMES * len(FIRST_NAMES))]
     tasks["passkey"] = ({}, {f"{name}": PASSKEY_QUERY.format(name=name) for name in names})
     tasks["needle"] = ({f"{number}:{name}": fact.format(name=name) for number, (fact, _) in enumerate(NEEDLES) for name in names},
                        {f"{number}:{name}": question.format(name=name) for number, (_, question) in enumerate(NEEDLES)
