@@ -181,13 +181,13 @@ class ServedModel:
         return results
 
     def landmarks(self, request: EmbeddingRequest, alive=None) -> list[dict]:
-        """Per text, its landmark vectors [n, D] and their character spans."""
+        """Per text, its landmark vectors (or late chunks: `request.output_value`) [n, D] and their character spans."""
         if "landmarks" not in getattr(self.model, "output_values", ()) or self.family != "lmk":
             raise ApiError(f"{self.name!r} gives no landmark vectors (a recurrent embedder has one vector per text): "
                            "use /v1/embeddings", status=400, param="model", code="unsupported")
         try:
             output = self.model.encode(list(request.texts), prompt=self.prompt(request), show_progress_bar=False,
-                                       output_value="landmarks", **dict(request.options))
+                                       output_value=request.output_value or "landmarks", **dict(request.options))
         except ValueError as error:  # a pooling without chunk-aligned vectors
             raise ApiError(str(error), param="model", code="unsupported") from None
         return [{"embeddings": shape_vectors(np.asarray(item["embeddings"], dtype=np.float32), request.dimensions,

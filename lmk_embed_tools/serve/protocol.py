@@ -16,6 +16,8 @@ import numpy as np
 import orjson
 
 ENCODING_FORMATS = ("float", "base64")
+# /v1/landmarks: the landmark states, or late chunks (each chunk's mean token state), as encode(output_value=...)
+CHUNK_OUTPUTS = ("landmarks", "late_chunks")
 INPUT_TYPES = ("query", "document")
 SEARCH_MODES = ("dense", "lexical", "hybrid")
 SEARCH_FUSIONS = ("minmax", "rank")
@@ -75,7 +77,8 @@ class ApiError(Exception):
 class EmbeddingRequest:
     """A checked `/v1/embeddings` (or `/v1/landmarks`) body. `kind` is the prompt: None (plain
     `encode`), "query" or "document"; `task` is the recurrent family's query instruction; `options`
-    the per-call options of `encode()` the request sets, as sorted (name, value) pairs."""
+    the per-call options of `encode()` the request sets, as sorted (name, value) pairs; `output_value`
+    what `/v1/landmarks` returns per chunk ("landmarks" or "late_chunks", as `encode()`), None elsewhere."""
 
     texts: tuple[str, ...]
     encoding_format: str = "float"
@@ -83,6 +86,7 @@ class EmbeddingRequest:
     kind: str | None = None
     task: str | None = None
     options: tuple[tuple[str, object], ...] = ()
+    output_value: str | None = None
 
     @property
     def prompt_key(self) -> tuple:
@@ -227,7 +231,8 @@ def parse_embeddings(body, served: str, dimension: int, family: str, landmarks: 
     named `served` of width `dimension` and `family` ("lmk" or "recurrent"), whose option spec marks
     `per_request` options per-call and `fixed` ones not; at most `max_inputs` texts."""
     body = check_object(body)
-    known = ("input", "model", "encoding_format", "dimensions", "input_type", "task", *per_request)
+    known = ("input", "model", "encoding_format", "dimensions", "input_type", "task", *per_request,
+             *(("output_value",) if landmarks else ()))
     check_fields({name: value for name, value in body.items() if name not in fixed}, known)
     options = check_options(body, per_request, fixed)
     texts = check_texts(body.get("input"), max_items=max_inputs)
@@ -249,7 +254,8 @@ def parse_embeddings(body, served: str, dimension: int, family: str, landmarks: 
         if kind != "query":
             raise ApiError("`task` instructs queries: send it with `input_type: \"query\"`", param="task",
                            code="invalid_value")
-    return EmbeddingRequest(texts, encoding_format, dimensions, kind, task, options)
+    output_value = check_choice(body, "output_value", CHUNK_OUTPUTS, "landmarks") if landmarks else None
+    return EmbeddingRequest(texts, encoding_format, dimensions, kind, task, options, output_value)
 
 
 def check_lengths(counts: list[int], limit: int | None, request_limit: int | None = None, param: str = "input") -> int:

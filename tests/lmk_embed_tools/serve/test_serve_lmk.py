@@ -107,14 +107,20 @@ def test_dimensions_shorten_and_renormalise(server, lmk_model):
     assert np.abs(got - full / np.linalg.norm(full, axis=1, keepdims=True)).max() <= 1e-6
 
 
-def test_landmarks_are_every_landmark_with_its_span(server, lmk_model):
+@pytest.mark.parametrize("output_value", ["landmarks", "late_chunks"])
+def test_landmarks_are_every_landmark_with_its_span(server, lmk_model, output_value):
+    """/v1/landmarks gives what encode(output_value=...) gives: the landmark states (the default), or
+    the late chunks (each chunk's mean token state) with `output_value: "late_chunks"`."""
     texts = [TEXTS[1], LONG]
-    body = post(server, "/v1/landmarks", {"model": "tiny", "input": texts, **WINDOWS}).json()
-    expected = lmk_model.encode(texts, output_value="landmarks", long_input="windows", show_progress_bar=False)
+    extra = {} if output_value == "landmarks" else {"output_value": output_value}
+    body = post(server, "/v1/landmarks", {"model": "tiny", "input": texts, **WINDOWS, **extra}).json()
+    expected = lmk_model.encode(texts, output_value=output_value, long_input="windows", show_progress_bar=False)
     for item, want in zip(body["data"], expected):
         got = np.asarray([landmark["embedding"] for landmark in item["landmarks"]])
         assert got.shape == want["embeddings"].shape and np.abs(got - want["embeddings"]).max() <= 1e-6
         assert [tuple(landmark["span"]) for landmark in item["landmarks"]] == [tuple(s) for s in want["spans"]]
+    refused = post(server, "/v1/landmarks", {"model": "tiny", "input": ["x"], "output_value": "tokens"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "output_value"
 
 
 def test_models_and_health(server, client):
