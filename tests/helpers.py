@@ -135,3 +135,19 @@ if __name__ == "__main__":  # store a freshly trained BPE (the saved vectors wer
     BPE_TOKENIZER.parent.mkdir(exist_ok=True)
     trained_bpe().save(str(BPE_TOKENIZER))
     print(f"wrote {BPE_TOKENIZER}")
+
+
+def landmark_windows(ids: list[int], landmark: int, window: int) -> list[list[int]]:
+    """The `windows` schedule as a plain loop: a landmark layout's ids after its start token, cut after
+    whole chunks while the start token and the chunks fit `window`; the windows' ids, start token left out."""
+    windows, window_ids, chunk = [], [], []
+    for token in ids[1:]:
+        chunk.append(token)
+        if token == landmark:
+            if 1 + len(window_ids) + len(chunk) > window:
+                windows.append(window_ids)
+                window_ids = []
+            window_ids += chunk
+            chunk = []
+    windows.append(window_ids)
+    return windows

@@ -73,16 +73,8 @@ def test_the_untouched_base_read_plainly(base, minilm_path, tmp_path):
 def test_windows_read_each_chunk_in_its_own_window(model, long_text):
     request = model.resolve(long_input="windows", window_length=WINDOW, output_value="late_chunks")
     ids = model.tokenizer.layout([long_text], request.layout).input_ids[0].tolist()
-    landmark, windows, window_ids, chunk = model.tokenizer.landmark_id("sep"), [], [], []
-    for token in ids[1:]:  # whole chunks while [CLS] + the chunks fit the window (test_long_input_windows)
-        chunk.append(token)
-        if token == landmark:
-            if 1 + len(window_ids) + len(chunk) > WINDOW:
-                windows.append(window_ids)
-                window_ids = []
-            window_ids += chunk
-            chunk = []
-    windows.append(window_ids)
+    landmark = model.tokenizer.landmark_id("sep")
+    windows = helpers.landmark_windows(ids, landmark, WINDOW)
     expected = []
     with torch.no_grad():
         for part in windows:

@@ -32,17 +32,8 @@ def reference_windows(model, text, window):
     request = model.resolve(long_input="windows", window_length=window)  # the whole text: no budget
     assert request.max_length is None
     ids = model.tokenizer.layout([text], request.layout).input_ids[0].tolist()
-    landmark, states, window_ids, chunk = model.tokenizer.landmark_id("sep"), [], [], []
-    windows = []
-    for token in ids[1:]:
-        chunk.append(token)
-        if token == landmark:
-            if 1 + len(window_ids) + len(chunk) > window:
-                windows.append(window_ids)
-                window_ids = []
-            window_ids += chunk
-            chunk = []
-    windows.append(window_ids)
+    landmark, states = model.tokenizer.landmark_id("sep"), []
+    windows = helpers.landmark_windows(ids, landmark, window)
     with torch.no_grad():
         for part in windows:
             row = torch.tensor([[ids[0], *part]])
