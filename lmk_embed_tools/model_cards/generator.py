@@ -262,8 +262,10 @@ def card_max_length(folder: Path, config: dict) -> str:
     if config.get("model_type") != "lmk_embedder":
         return str(max_length_default(config.get("max_length")) or "unbounded (vertical schedule)")
     from lmk_embed import LMKModel
+    from lmk_embed_tools import quiet_model_loading
 
-    request = LMKModel.from_pretrained(folder).resolve()
+    with quiet_model_loading():  # the card reads a setting: no progress bar before the command's line
+        request = LMKModel.from_pretrained(folder).resolve()
     if request.long_input == "windows":
         read = f"read in windows of {request.window_length} tokens"
         return f"{request.max_length} ({read})" if request.max_length is not None else f"the whole text ({read})"
@@ -402,9 +404,9 @@ def build_card(checkpoint: str | Path, model_id: str | None = None, license: str
         raise ValueError(f"{folder} is not one of our checkpoints (config.json model_type {config.get('model_type')!r}).")
     run = yaml.safe_load((folder / "run_config.yaml").read_text()) if (folder / "run_config.yaml").is_file() else {}
     results = load_json(folder / RESULTS_FILE)
+    name = MODEL_ID_PLACEHOLDER if model_id is None else check_model_id(model_id)  # before the model loads
     family, summary, details = _details(folder, config)
     backbone_type = config["backbone_config"]["model_type"]
-    name = MODEL_ID_PLACEHOLDER if model_id is None else check_model_id(model_id)
     weights = weights_fingerprint(folder) if any(folder.glob("*.safetensors")) else None
     if results.get(WEIGHTS_KEY) not in (None, weights):
         raise ValueError(f"{folder / RESULTS_FILE} holds results of other weights ({results[WEIGHTS_KEY]}) than the "
