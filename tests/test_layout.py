@@ -23,12 +23,16 @@ ALLOWED_IMPORTS = {
     # baseline of evaluation, the teacher's targets of training).
     f"{TOOLS}.retrieval_data": set(),
     f"{TOOLS}.window_vectors": {"lmk_embed"},
-    f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.retrieval_data", f"{TOOLS}.window_vectors"},
+    # evaluation also ranks through the index users search (`--through-index`) and fuses with its one fusion
+    f"{TOOLS}.evaluation": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.retrieval_data", f"{TOOLS}.window_vectors",
+                            f"{TOOLS}.corpus"},
     f"{TOOLS}.training": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.commandline", f"{TOOLS}.retrieval_data",
                           f"{TOOLS}.window_vectors"},
     f"{TOOLS}.evaluation_jobs": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards",
                                                                        "commandline", "retrieval_data"))},
     f"{TOOLS}.push": {"lmk_embed", f"{TOOLS}.model_cards", f"{TOOLS}.onnx_export"},
+    # the check before training: every evaluation task (evaluation's genres, training's corpora) against training
+    f"{TOOLS}.disjointness": {f"{TOOLS}.training", f"{TOOLS}.evaluation"},
     # corpus runs any checkpoint through its own code (trust_remote_code); it reads only the option spec (its flags).
     f"{TOOLS}.corpus": {"lmk_embed", f"{TOOLS}.compat", f"{TOOLS}.commandline"},
     # serve: the corpus loader and index, and the shipped engine's token count.
@@ -36,7 +40,7 @@ ALLOWED_IMPORTS = {
     f"{TOOLS}.cli": {f"{TOOLS}.{p}" for p in ("commandline", "training", "model_cards", "push", "evaluation_jobs", "corpus",
                                               "onnx_export", "demo", "student_demo", "serve")},
     f"{TOOLS}.demo": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "evaluation_jobs", "model_cards",
-                                                              "push", "commandline"))},  # the demo's tables are evaluate's rows
+                                                              "push", "commandline", "disjointness"))},  # the demo's tables are evaluate's rows
     f"{TOOLS}.student_demo": {f"{TOOLS}.{p}" for p in ("training", "evaluation", "model_cards", "push", "commandline")},
     f"{TOOLS}.recipes": {"lmk_embed", f"{TOOLS}.training", f"{TOOLS}.evaluation", f"{TOOLS}.retrieval_data"},
     "benchmarks": {"lmk_embed", *(f"{TOOLS}.{p}" for p in ("training", "evaluation", "corpus", "model_cards", "push",

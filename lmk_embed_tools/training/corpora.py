@@ -44,6 +44,7 @@ from pathlib import Path
 
 from lmk_embed_tools.retrieval_data import RetrievalData
 
+from .overlap import TrainingText
 from .stdlib_corpus import import_quietly, render_page, stdlib_module_names, synopsis_of
 
 # Modules walked per source: public API modules, not test suites or per-model files.
@@ -291,8 +292,6 @@ def build_corpus(cache_dir: str | Path | None = None, sources=SOURCES) -> dict[s
         corpus[source] = kept
     # Nor an evaluation page that repeats a training page's sentence or 13-word run (a docstring copied
     # between libraries); `make demo` checks every evaluation task against training before it trains.
-    from lmk_embed_tools.disjointness import apart_from_training
-
     corpus, dropped = apart_from_training(corpus)
     if dropped:
         print("Left out of evaluation, sharing a sentence or a 13-word run with a training page: "
@@ -489,3 +488,38 @@ def deep_evidence_split(corpus: dict[str, list[DocItem]], source: str, count_tok
     for query_id in list(queries)[max_queries:]:  # their pages stay, as candidates
         del queries[query_id], relevant[query_id], depths[query_id]
     return RetrievalData(f"{source} deep evidence", queries, documents, relevant)
+
+
+_TRAINING = {}  # digest of the training items -> their TrainingText: built once per process
+
+
+def training_text(corpus: dict) -> TrainingText:
+    """The `TrainingText` of every training item of `corpus` (`training_items`: page and synopsis), the
+    superset of any rows a run trains on (synopsis rows, deep-sentence rows cut from those pages)."""
+    items = training_items(corpus)
+    digest = hashlib.sha1()
+    for item in items:
+        digest.update(item.synopsis.encode() + b"\0" + item.text.encode() + b"\0")
+    key = digest.hexdigest()
+    if key not in _TRAINING:
+        _TRAINING[key] = TrainingText((text for item in items for text in (item.synopsis, item.text)),
+                                      (item.synopsis for item in items))
+    return _TRAINING[key]
+
+
+def apart_from_training(corpus: dict) -> tuple[dict, dict[str, int]]:
+    """(`corpus` less every evaluation item that shares text with a training item, {source: items left
+    out}). Evaluation items: the held-out stdlib modules' and every non-training source's. Training keeps
+    all its items; an evaluation page that repeats a training page's sentence or 13-word run (a docstring
+    copied between libraries: scipy's phrasing of numpy's) is left out, as an identical page already is."""
+    training = training_text(corpus)
+    kept, dropped = {}, {}
+    for source, items in corpus.items():
+        evaluated = [source not in TRAIN_SOURCES or (source == "stdlib" and is_held_out_module(item.module))
+                     for item in items]  # the complement of `training_items`
+        kept[source] = [item for item, is_evaluated in zip(items, evaluated)
+                        if not is_evaluated or (training.shared(item.text) is None
+                                                and training.query_in_training(item.synopsis) is None)]
+        if len(kept[source]) < len(items):
+            dropped[source] = len(items) - len(kept[source])
+    return kept, dropped
