@@ -30,6 +30,7 @@ import re
 import torch
 from torch import nn
 
+from lmk_embed.modeling_lmk import late_chunk_states
 from lmk_embed_tools.retrieval_data import SENTENCE_SPLIT, is_prose
 
 from .corpora import DocItem, training_items
@@ -286,14 +287,12 @@ def teacher_late_chunks(teacher, content_ids: list[list[int]], chunks: list[torc
     teacher.eval()
     features = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
                 "token_type_ids": torch.zeros_like(input_ids).to(device)}
-    states = teacher(features)["token_embeddings"].float()  # [R, T, D], before the teacher's pooling
-    targets = []
+    states = teacher(features)["token_embeddings"]  # [R, T, D], before the teacher's pooling
+    chunk_of = torch.full(input_ids.shape, -1, dtype=torch.long, device=device)  # the teacher's layout's chunks
     for row, (ids, chunk) in enumerate(zip(content_ids, chunks)):
-        tokens = states[row, len(prefix):len(prefix) + len(ids)]
-        count = int(chunk.max()) + 1 if len(chunk) else 0
-        totals = tokens.new_zeros(count, tokens.shape[-1]).index_add_(0, chunk.to(device), tokens)
-        targets.append(totals / torch.bincount(chunk.to(device), minlength=count).clamp(min=1)[:, None].float())
-    return targets
+        chunk_of[row, len(prefix):len(prefix) + len(ids)] = chunk.to(device)
+    return [target if len(chunk) else target[:0] for target, chunk in
+            zip(late_chunk_states(states, chunk_of, features["attention_mask"]), chunks)]
 
 
 def max_sim_scores(queries: torch.Tensor, documents: list[torch.Tensor]) -> torch.Tensor:
