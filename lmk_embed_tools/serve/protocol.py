@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from lmk_embed_tools.corpus.search import FUSIONS as SEARCH_FUSIONS  # one list: `search` and the server agree
+from lmk_embed_tools.corpus.search import MODES as SEARCH_MODES
+
 ENCODING_FORMATS = ("float", "base64")
 # /v1/landmarks: the landmark states, or late chunks (each chunk's mean token state), as encode(output_value=...)
 CHUNK_OUTPUTS = ("landmarks", "late_chunks")
 INPUT_TYPES = ("query", "document")
-SEARCH_MODES = ("dense", "lexical", "hybrid")
-SEARCH_FUSIONS = ("minmax", "rank")
 # Fields OpenAI's clients send that change nothing here.
 IGNORED_FIELDS = ("user",)
 # The largest integer a per-request option takes (they are token counts and sizes): past it the
