@@ -3,6 +3,7 @@ against LanceDB flat and LanceDB with its IVF index (IVF_SQ by default), side by
 
     python -m benchmarks.landmark_index [--encode-seconds 300] [--sizes 100000 1000000] [--queries 100]
     python -m benchmarks.landmark_index --sizes 10000000 --probe-queries 30 --nprobes 64 128   (10M: no FAISS)
+    python -m benchmarks.landmark_index --sizes 1000000 --float16 --faiss-max 0   (float32 and float16 side by side)
 
 Real vectors: MiniLM-LMK (all-MiniLM-L6-v2 converted with g=32, windows of 256 tokens, as
 docs/long-inputs.md recommends for an index) encodes whole pydoc pages of the standard library
@@ -22,7 +23,9 @@ vectors and adding them; LanceDB: writing the tables and their indexes through t
 disk size, RSS after open and peak RSS while querying, per-query latency p50/p99 alone (a first pass
 over the queries, which reads from disk what the page cache lacks, then the timed second pass) and with 16
 concurrent queries, recall@10 of documents against exact max-sim (a numpy scan), and for LanceDB the
-hybrid (max-sim + BM25 in one query) latency over dense. Prints the table and saves
+hybrid (max-sim + BM25 in one query) latency over dense. With --float16 the same vectors are also
+stored as float16 (`encode-corpus --dtype float16`) in a second indexed table, probed the same way,
+and its hybrid top 10 is compared with float32's query by query. Prints the table and saves
 benchmarks/results/landmark_index.json; the CPU and its flags head the output.
 """
 
@@ -179,18 +182,19 @@ class LanceDBWriter:
     """The corpus code's tables (`corpus.table`), one shard a group of documents; `close` builds the
     full-text index and, with `vector_index`, the vector index."""
 
-    def __init__(self, folder: Path, documents: int, dimension: int, vector_index: str | None):
+    def __init__(self, folder: Path, documents: int, dimension: int, vector_index: str | None, dtype: str = "float32"):
         import pyarrow as pa
 
         from lmk_embed_tools.corpus import table
 
         self.table, self.folder, self.vector_index, self.seconds, self.shards = table, folder, vector_index, 0.0, 0
+        self.dtype = dtype
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         started = time.perf_counter()
         self.record = {"format": table.FORMAT, "model": {"source": "benchmark"}, "settings": {"model": {}},
                        "input": {"rows": documents}, "dimension": dimension, "hybrid_weight": 0.5, "complete": False}
-        table.create(folder, self.record, dimension, "float32", pa.string())
+        table.create(folder, self.record, dimension, dtype, pa.string())
         self.seconds += time.perf_counter() - started
 
     def add(self, first: int, last: int, blocks: list[np.ndarray], templates: np.ndarray, real: dict) -> None:
@@ -206,7 +210,7 @@ class LanceDBWriter:
         self.shards += 1
         rows = self.table.shard_rows(shard, [f"d{d}" for d in range(first, last)],
                                      [str(real["texts"][templates[d]]) for d in range(first, last)],
-                                     documents, items, "float32", pa.string())
+                                     documents, items, self.dtype, pa.string())
         self.table.write_shard(self.folder, shard, rows, {"truncated": 0, "empty": 0, "tokens": 0})
         self.seconds += time.perf_counter() - started
 
@@ -301,7 +305,7 @@ def probe(system: str, folder: Path, queries_file: Path, nprobes: int | None) ->
     _, result["concurrent16"] = timed(search, queries, texts, workers=16)
     if system != "faiss flat":
         timed(search, queries, texts, hybrid=True)
-        _, result["hybrid"] = timed(search, queries, texts, hybrid=True)
+        result["hybrid_answers"], result["hybrid"] = timed(search, queries, texts, hybrid=True)
     result["rss_peak_mb"] = peak_rss_mb()
     result["answers"] = answers
     return result
@@ -330,6 +334,10 @@ def measure_size(size: int, real: dict, sigma: float, args) -> dict:
     systems = {"faiss flat": faiss_folder, "lancedb flat": folder / "flat", "lancedb indexed": folder / "indexed"}
     dimension = real["landmarks"].shape[1]
     writers = {"lancedb indexed": LanceDBWriter(folder / "indexed", len(counts), dimension, args.index_type)}
+    if args.float16:  # the same vectors stored as float16 (`encode-corpus --dtype float16`)
+        systems["lancedb indexed float16"] = folder / "indexed-float16"
+        writers["lancedb indexed float16"] = LanceDBWriter(folder / "indexed-float16", len(counts), dimension,
+                                                           args.index_type, "float16")
     if size <= args.lancedb_flat_max:  # its scan grows linearly (670 ms a query at 100k here): left out above
         writers["lancedb flat"] = LanceDBWriter(folder / "flat", len(counts), dimension, None)
     else:
@@ -363,6 +371,9 @@ def measure_size(size: int, real: dict, sigma: float, args) -> dict:
         result["recall@10"] = float(np.mean([len(set(a) & set(t.tolist())) / TOP_K
                                              for a, t in zip(result.pop("answers"), truth)]))
         rows[system] = result
+        if system == "lancedb indexed float16":  # the hybrid's top 10 against float32's, query by query
+            result["hybrid_overlap@10"] = float(np.mean([len(set(a) & set(b)) / TOP_K for a, b in zip(
+                result["hybrid_answers"], rows["lancedb indexed"]["hybrid_answers"])]))
         print(f"  {size:>10,} {system:<15} build {result['build_s']:7.1f} s  disk {result['disk_mb']:8.0f} MB  "
               f"open {result['open_s']:6.2f} s  RSS open {result['rss_open_mb']:6.0f} MB  peak {result['rss_peak_mb']:6.0f} MB  "
               f"first pass p50/p99 {result['first_pass']['p50_ms']:7.1f}/{result['first_pass']['p99_ms']:7.1f} ms  "
@@ -370,11 +381,16 @@ def measure_size(size: int, real: dict, sigma: float, args) -> dict:
               f"16 conc. {result['concurrent16']['p50_ms']:7.1f}/{result['concurrent16']['p99_ms']:7.1f} ms  "
               f"recall@10 {result['recall@10']:.3f}"
               + (f"  hybrid p50 {result['hybrid']['p50_ms']:.1f} ms ({result['hybrid']['p50_ms'] / result['single']['p50_ms']:.2f}x dense)"
-                 if "hybrid" in result else ""), flush=True)
+                 if "hybrid" in result else "")
+              + (f"  hybrid top-10 overlap with float32 {result['hybrid_overlap@10']:.3f}"
+                 if "hybrid_overlap@10" in result else ""), flush=True)
+    for result in rows.values():  # per-query answers are compared above, never saved
+        result.pop("hybrid_answers", None)
     if args.nprobes:
         for nprobes in args.nprobes:
             result = run_probe("lancedb indexed", folder / "indexed", queries_file, args.threads, nprobes)
             recall = float(np.mean([len(set(a) & set(t.tolist())) / TOP_K for a, t in zip(result.pop("answers"), truth)]))
+            result.pop("hybrid_answers", None)
             rows[f"lancedb indexed nprobes={nprobes}"] = {**result, "recall@10": recall}
             print(f"  {size:>10,} indexed nprobes={nprobes:<4} p50/p99 {result['single']['p50_ms']:7.1f}/"
                   f"{result['single']['p99_ms']:7.1f} ms  recall@10 {recall:.3f}", flush=True)
@@ -399,6 +415,8 @@ def main() -> None:
     parser.add_argument("--faiss-max", type=int, default=2_000_000,
                         help="largest size at which FAISS flat runs (it holds every vector: 1.5 GB a million)")
     parser.add_argument("--probe-queries", type=int, default=100, help="queries each probe times")
+    parser.add_argument("--float16", action="store_true",
+                        help="also store the vectors as float16 in a second indexed table, probed the same way")
     parser.add_argument("--keep", action="store_true", help="keep the tables under runs/landmark_index")
     parser.add_argument("--probe", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -37,7 +37,7 @@ from .verify import SearchError
 MODES = ("dense", "lexical", "hybrid")
 FUSIONS = ("minmax", "rank")
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
-FUSION_DEPTH = 50  # how many documents each leg of a hybrid query reads
+FUSION_DEPTH = 30  # how many documents each leg of a hybrid query reads (50 read 1.7x the vectors for the same nDCG@10)
 _CANDIDATE_COLUMNS = ["row", "id", "embedding", "landmarks", "landmark_spans"]
 # LanceDB adds its score column to a projection; naming it keeps the projection explicit.
 _SCORE = _CANDIDATE_COLUMNS + ["_score"]
@@ -199,18 +199,18 @@ class LandmarkIndex:
             candidates.add(self._read(self._lexical(text, top_k, _SCORE)), bm25=True)
             return candidates.hits({row: c["bm25"] for row, c in candidates.rows.items()}, top_k)
         depth = max(top_k, FUSION_DEPTH)
-        lexical = self._pool.submit(self._read, self._lexical(text, depth))  # both legs at once, as LanceDB's
-        found = [self._read(self._landmark_query(query, depth, refine=False, columns=["row"]))]  # hybrid runs them
+        # Both legs at once, as LanceDB's hybrid runs them. The BM25 leg, the faster, reads its candidates'
+        # vectors itself while the landmark leg runs; afterwards only the dense leg's other candidates are
+        # read (by `row`, indexed). Every candidate is scored exactly here, from its own vectors.
+        lexical = self._pool.submit(self._read, self._lexical(text, depth, _SCORE))
+        found = [self._read(self._landmark_query(query, depth, refine=False, columns=["row"]))]
         if fuse:
             found.append(self._read(self._document_query(query, depth, ["row"])))
-        lexical = lexical.result()
-        # One read of every candidate's vectors, by `row` (indexed): each is scored exactly here.
-        rows = sorted({row for table in found + [lexical] for row in table["row"].to_pylist()})
+        candidates.add(lexical.result(), bm25=True)
+        rows = sorted({row for table in found for row in table["row"].to_pylist()} - set(candidates.rows))
         if rows:
             candidates.add(self._read(self.documents.search().where(f"row IN ({', '.join(map(str, rows))})")
                                       .select(_CANDIDATE_COLUMNS).limit(len(rows))))
-        for row, score in zip(lexical["row"].to_pylist(), lexical["_score"].to_pylist()):
-            candidates.rows[row]["bm25"] = float(score)
         rows = list(candidates.rows)
         dense = candidates.dense(fuse)
         fused = fuse_scores(np.array([[dense[row] for row in rows]]),
