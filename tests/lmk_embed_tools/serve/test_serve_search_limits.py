@@ -196,3 +196,16 @@ def test_long_work_stops_between_slices_once_nobody_waits(served, monkeypatch):
     vectors = served.embed([EmbeddingRequest(tuple(f"text {n}" for n in range(300)))])[0]
     expected = served.model.encode([f"text {n}" for n in range(300)], show_progress_bar=False)
     assert vectors.shape == (300, served.dimension) and np.abs(vectors - expected).max() <= 1e-6
+
+
+def test_the_request_checks_use_search_own_choices_and_import_no_torch():
+    """The modes and fusions a search request may name are `corpus.search`'s own lists, and reading
+    them loads neither torch nor the encoder (the corpus package imports its encoder on first use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from lmk_embed_tools.serve import protocol; from lmk_embed_tools.corpus import search; "
+            "assert protocol.SEARCH_MODES is search.MODES and protocol.SEARCH_FUSIONS is search.FUSIONS; "
+            "print(sorted(m for m in ('torch', 'lmk_embed_tools.corpus.encode') if m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]"
